@@ -1,0 +1,1 @@
+//! The C ABI (stub: being written).

@@ -1,0 +1,162 @@
+//! The process-wide allocator: one [`Arena`] per device, created on first use, and the
+//! configuration they share. Every `extern "C"` export goes through [`TorchArena`].
+
+use std::sync::Arc;
+
+use once_cell::sync::OnceCell;
+
+use crate::arena::{Arena, ArenaExtras, ReclaimReport};
+use crate::config::{Config, DeviceKind};
+use crate::device::{Device, DevPtr, StreamId, cuda::CudaDevice, sim::{SimConfig, SimDevice}};
+use crate::error::{Error, Result};
+use crate::stats::DeviceStats;
+
+/// Most devices one process may address (CUDA's own limit is far below this).
+pub const MAX_DEVICES: usize = 64;
+
+/// One allocator per process: a configuration and a lazily opened arena per device.
+pub struct TorchArena {
+    conf: Config,
+    arenas: Vec<OnceCell<Arena>>,
+}
+
+impl TorchArena {
+    /// An allocator with these settings. Devices are opened on first use.
+    pub fn new(conf: Config) -> Self {
+        let arenas = (0..MAX_DEVICES).map(|_| OnceCell::new()).collect();
+        TorchArena { conf, arenas }
+    }
+
+    /// An allocator configured from `TORCH_ARENA_CONF` (empty or unset: defaults).
+    pub fn from_env() -> Result<Self> {
+        let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
+        Ok(Self::new(Config::parse(&text)?))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.conf
+    }
+
+    /// The arena of `device`, opening the device on first use.
+    pub fn arena(&self, device: i32) -> Result<&Arena> {
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.arenas.get(d))
+            .ok_or_else(|| Error::BadDevice(format!("device {device} is out of range: expected 0..{MAX_DEVICES}")))?;
+        slot.get_or_try_init(|| {
+            let dev = self.open_device(device)?;
+            Arena::new(dev, &self.conf)
+        })
+    }
+
+    /// Arenas already opened, with their ordinals.
+    pub fn open_arenas(&self) -> impl Iterator<Item = (i32, &Arena)> {
+        self.arenas.iter().enumerate().filter_map(|(i, a)| a.get().map(|a| (i as i32, a)))
+    }
+
+    fn open_device(&self, device: i32) -> Result<Arc<dyn Device>> {
+        match self.conf.device {
+            DeviceKind::Sim => {
+                if device as u32 >= self.conf.sim_devices {
+                    return Err(Error::BadDevice(format!(
+                        "device {device} does not exist: the simulated GPU has {} device(s) \
+                         (set sim_devices:N in TORCH_ARENA_CONF for more)",
+                        self.conf.sim_devices
+                    )));
+                }
+                Ok(Arc::new(SimDevice::new(SimConfig::from_conf(&self.conf, device))?))
+            }
+            DeviceKind::Cuda => Ok(Arc::new(CudaDevice::open(device)?)),
+        }
+    }
+
+    /// `alloc(size, device, stream)`: a pointer to at least `size` bytes, 512-byte aligned.
+    /// Size 0 gives `Ok(0)` (NULL), as PyTorch's native allocator does.
+    pub fn malloc(&self, size: usize, device: i32, stream: StreamId) -> Result<DevPtr> {
+        if size == 0 {
+            return Ok(0);
+        }
+        self.arena(device)?.malloc(size as u64, stream)
+    }
+
+    /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned, a double
+    /// free or a size that differs from the request is an error and changes nothing.
+    pub fn free(&self, ptr: DevPtr, size: usize, device: i32, stream: StreamId) -> Result<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        self.arena(device)?.free(ptr, Some(size as u64), stream)
+    }
+
+    /// The arena that owns `ptr`, among the devices opened so far.
+    fn owner(&self, ptr: DevPtr) -> Result<&Arena> {
+        self.open_arenas()
+            .map(|(_, a)| a)
+            .find(|a| a.owns(ptr))
+            .ok_or_else(|| Error::BadPointer(format!("pointer {ptr:#x} was not allocated by torch-arena")))
+    }
+
+    /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
+    pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
+        self.owner(ptr)?.record_stream(ptr, stream)
+    }
+
+    /// The allocation that contains `ptr`: its base pointer and size.
+    pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
+        self.owner(ptr)?.base_alloc(ptr)
+    }
+
+    /// `torch.cuda.empty_cache()`: every cached page goes back to the driver, on every device.
+    pub fn empty_cache(&self) -> Result<ReclaimReport> {
+        let mut total = ReclaimReport::default();
+        for (_, a) in self.open_arenas() {
+            let r = a.empty_cache()?;
+            total.slabs_released += r.slabs_released;
+            total.pages_unmapped += r.pages_unmapped;
+            total.pages_released += r.pages_released;
+            total.bytes_recovered += r.bytes_recovered;
+            total.bytes_released += r.bytes_released;
+        }
+        Ok(total)
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction(fraction, device)`.
+    pub fn set_memory_fraction(&self, fraction: f64, device: i32) -> Result<()> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(Error::Config(format!(
+                "memory fraction {fraction} for device {device} is invalid: expected a number in (0, 1]"
+            )));
+        }
+        self.arena(device)?.set_memory_fraction(fraction)
+    }
+
+    pub fn stats(&self, device: i32) -> Result<DeviceStats> {
+        Ok(self.arena(device)?.stats())
+    }
+
+    pub fn extras(&self, device: i32) -> Result<ArenaExtras> {
+        Ok(self.arena(device)?.extras())
+    }
+
+    pub fn reset_peak_stats(&self, device: i32) -> Result<()> {
+        self.arena(device)?.reset_peak_stats();
+        Ok(())
+    }
+
+    pub fn reset_accumulated_stats(&self, device: i32) -> Result<()> {
+        self.arena(device)?.reset_accumulated_stats();
+        Ok(())
+    }
+
+    /// `memory_summary()`: PyTorch's table, line for line, then the torch-arena section.
+    pub fn summary(&self, device: i32, abbreviated: bool) -> Result<String> {
+        let arena = self.arena(device)?;
+        let (stats, extras) = (arena.stats(), arena.extras());
+        Ok(crate::stats::summary::memory_summary(device, &stats, &extras, abbreviated))
+    }
+
+    /// Return empty slabs and cached ranges to the page pool, and say what was recovered.
+    pub fn defragment(&self, device: i32) -> Result<ReclaimReport> {
+        self.arena(device)?.defragment()
+    }
+}

@@ -1,0 +1,70 @@
+//! Plain data the arena reports about itself: per-class occupancy, pages, and what a trim or a
+//! defragment recovered. Read by the summary renderer and the C ABI.
+
+use crate::device::DriverCounters;
+
+/// Occupancy of one size class.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassOccupancy {
+    /// Slot size in bytes.
+    pub size: u64,
+    /// Slabs (one page each) currently carved into this class.
+    pub slabs: u64,
+    /// Slots holding a live allocation.
+    pub used_slots: u64,
+    /// Slots in all slabs of this class.
+    pub total_slots: u64,
+}
+
+/// Where the physical pages are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageCounts {
+    /// Bytes per physical page.
+    pub page_size: u64,
+    /// Pages mapped and holding at least one live (or pending) allocation.
+    pub in_use: u64,
+    /// Pages mapped but holding nothing: cached for exact-size reuse, or empty slabs.
+    pub idle_mapped: u64,
+    /// Pages created but not mapped anywhere: ready to back any new range.
+    pub pooled: u64,
+}
+
+impl PageCounts {
+    pub fn total(&self) -> u64 {
+        self.in_use + self.idle_mapped + self.pooled
+    }
+}
+
+/// Everything the torch-arena section of `memory_summary` shows beyond PyTorch's table.
+#[derive(Clone, Debug, Default)]
+pub struct ArenaExtras {
+    pub device_name: String,
+    /// Device memory in bytes.
+    pub capacity: u64,
+    /// Most bytes the arena may hold (capacity × memory fraction).
+    pub limit: u64,
+    /// Whether pages are VMM pages (false: plain cuMemAlloc segments).
+    pub vmm: bool,
+    pub classes: Vec<ClassOccupancy>,
+    pub pages: PageCounts,
+    pub driver: DriverCounters,
+    /// Bad frees, double frees, size mismatches and unknown record_stream pointers seen.
+    pub bad_frees: u64,
+    /// Allocations freed whose events (record_stream) have not completed yet.
+    pub pending_frees: u64,
+}
+
+/// What `defragment` or `empty_cache` recovered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Empty slabs dissolved into free pages.
+    pub slabs_released: u64,
+    /// Idle mapped pages unmapped into the page pool.
+    pub pages_unmapped: u64,
+    /// Pages released to the driver (cuMemRelease / cuMemFree).
+    pub pages_released: u64,
+    /// Bytes made available to any new range (unmapped pages).
+    pub bytes_recovered: u64,
+    /// Bytes given back to the driver.
+    pub bytes_released: u64,
+}

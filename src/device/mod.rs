@@ -1,0 +1,181 @@
+//! The device layer: where bytes come from.
+//!
+//! One small trait, [`Device`], with two implementations:
+//! - [`cuda::CudaDevice`]: the CUDA driver API through `cudarc::driver::sys`, loaded at run time;
+//! - [`sim::SimDevice`]: a simulated GPU with a capacity and a granularity, optionally backed by
+//!   real host pages (memfd + mmap) so tests can write into every allocation.
+//!
+//! The arena above speaks only this trait. Every call is a *driver-like* call: it may be slow
+//! (hundreds of microseconds on a real GPU) and may fail; none of them is on the cache-hit path.
+//!
+//! Invariants the arena relies on:
+//! - `map` places one physical page at a page-aligned virtual address inside a range returned by
+//!   `reserve`, and makes it readable and writable by the device (cuMemMap + cuMemSetAccess).
+//! - A physical page may be mapped at most once at a time.
+//! - An event recorded on a stream completes only after all work queued on that stream before the
+//!   record has completed.
+
+pub mod cuda;
+pub mod sim;
+
+use std::fmt;
+
+/// A CUDA stream as PyTorch passes it (`cudaStream_t` as an integer). 0 is the legacy default stream.
+pub type StreamId = u64;
+
+/// A device virtual address.
+pub type DevPtr = u64;
+
+/// An opaque handle to one physical page (`CUmemGenericAllocationHandle` on CUDA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PageHandle(pub u64);
+
+/// An opaque event handle (`CUevent` on CUDA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventHandle(pub u64);
+
+/// What a device is, read once when it is opened.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Device ordinal, as PyTorch numbers it.
+    pub ordinal: i32,
+    /// Human-readable name ("sim", "NVIDIA H100 80GB HBM3", ...).
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total_bytes: u64,
+    /// Physical allocation granularity (`CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`), a power of two.
+    pub granularity: u64,
+    /// Whether the device supports virtual memory management (cuMemCreate/cuMemMap).
+    /// Without it the arena falls back to plain `alloc_plain`/`free_plain` segments.
+    pub vmm: bool,
+}
+
+/// Counts of driver-like calls, kept by each device implementation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCounters {
+    pub address_reserve: u64,
+    pub address_free: u64,
+    pub mem_create: u64,
+    pub mem_release: u64,
+    pub mem_map: u64,
+    pub mem_unmap: u64,
+    pub set_access: u64,
+    pub mem_alloc: u64,
+    pub mem_free: u64,
+    pub event_create: u64,
+    pub event_destroy: u64,
+    pub event_record: u64,
+    pub event_query: u64,
+    pub event_synchronize: u64,
+    pub stream_synchronize: u64,
+    pub device_synchronize: u64,
+    pub mem_get_info: u64,
+}
+
+impl DriverCounters {
+    /// `(name, value)` pairs in a fixed order, for reports and the summary.
+    pub fn entries(&self) -> [(&'static str, u64); 17] {
+        [
+            ("cuMemAddressReserve", self.address_reserve),
+            ("cuMemAddressFree", self.address_free),
+            ("cuMemCreate", self.mem_create),
+            ("cuMemRelease", self.mem_release),
+            ("cuMemMap", self.mem_map),
+            ("cuMemUnmap", self.mem_unmap),
+            ("cuMemSetAccess", self.set_access),
+            ("cuMemAlloc", self.mem_alloc),
+            ("cuMemFree", self.mem_free),
+            ("cuEventCreate", self.event_create),
+            ("cuEventDestroy", self.event_destroy),
+            ("cuEventRecord", self.event_record),
+            ("cuEventQuery", self.event_query),
+            ("cuEventSynchronize", self.event_synchronize),
+            ("cuStreamSynchronize", self.stream_synchronize),
+            ("cuCtxSynchronize", self.device_synchronize),
+            ("cuMemGetInfo", self.mem_get_info),
+        ]
+    }
+
+    /// Total number of calls.
+    pub fn total(&self) -> u64 {
+        self.entries().iter().map(|(_, v)| v).sum()
+    }
+}
+
+/// A driver-level failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The device has no memory left for this request (CUDA_ERROR_OUT_OF_MEMORY).
+    OutOfMemory,
+    /// No usable driver: the library is missing, is a stub, or failed to initialise.
+    NoDriver(String),
+    /// Any other driver error: the call that failed and what the driver said.
+    Driver { call: &'static str, code: i32, message: String },
+    /// The caller broke the device contract (e.g. unmapping a range that is not mapped).
+    Misuse(String),
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::OutOfMemory => write!(f, "device out of memory"),
+            DeviceError::NoDriver(why) => write!(f, "no usable CUDA driver: {why}"),
+            DeviceError::Driver { call, code, message } => {
+                write!(f, "{call} failed with CUDA error {code}: {message}")
+            }
+            DeviceError::Misuse(what) => write!(f, "device misuse: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// The operations the arena needs from a GPU. Implementations are thread-safe; the arena calls
+/// them with its own lock held, so they must never call back into the arena.
+pub trait Device: Send + Sync {
+    /// Static facts about the device.
+    fn info(&self) -> &DeviceInfo;
+
+    /// `(free, total)` bytes as the driver sees them (cuMemGetInfo).
+    fn mem_get_info(&self) -> DeviceResult<(u64, u64)>;
+
+    /// Reserve `size` bytes of virtual address space aligned to `align` (both multiples of the
+    /// granularity). Nothing is backed yet.
+    fn reserve(&self, size: u64, align: u64) -> DeviceResult<DevPtr>;
+    /// Give back a reservation made by `reserve`. Every page in it must be unmapped.
+    fn free_address(&self, va: DevPtr, size: u64) -> DeviceResult<()>;
+
+    /// Create one physical page of `size` bytes (a multiple of the granularity).
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle>;
+    /// Release a physical page. It must not be mapped anywhere.
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
+    /// Map `page` (of `size` bytes) at `va` and grant the device read/write access.
+    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()>;
+    /// Unmap `size` bytes at `va`. The physical pages stay alive.
+    fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()>;
+
+    /// Fallback when `info().vmm` is false: a plain device allocation (cuMemAlloc).
+    fn alloc_plain(&self, size: u64) -> DeviceResult<DevPtr>;
+    /// Free a pointer returned by `alloc_plain` (cuMemFree).
+    fn free_plain(&self, ptr: DevPtr) -> DeviceResult<()>;
+
+    /// Create an event (timing disabled).
+    fn create_event(&self) -> DeviceResult<EventHandle>;
+    /// Destroy an event.
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()>;
+    /// Record `event` on `stream`.
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()>;
+    /// Whether every piece of work captured by the last record of `event` has completed.
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;
+    /// Block until `event` has completed.
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()>;
+    /// Block until all work queued on `stream` has completed.
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()>;
+    /// Block until all work on the device (every stream) has completed.
+    fn synchronize(&self) -> DeviceResult<()>;
+
+    /// Driver-like calls made so far.
+    fn counters(&self) -> DriverCounters;
+}

@@ -1,0 +1,18 @@
+//! torch-arena: a CUDA caching allocator that PyTorch loads as a plugin
+//! (`torch.cuda.memory.CUDAPluggableAllocator`).
+//!
+//! Layers, one way down: [`abi`] (the `extern "C"` exports) → [`allocator`] (one arena per
+//! device, process-wide) → [`arena`] (size classes, page ranges, stream-ordered reuse) →
+//! [`device`] (CUDA driver or simulated GPU). [`stats`] is kept beside the arena it counts.
+
+pub mod abi;
+pub mod allocator;
+pub mod arena;
+pub mod config;
+pub mod device;
+pub mod error;
+pub mod stats;
+
+pub use allocator::TorchArena;
+pub use config::Config;
+pub use error::{Error, Result};

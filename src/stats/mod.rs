@@ -1,0 +1,162 @@
+//! Statistics with the keys and meanings of `torch.cuda.memory_stats()` (torch 2.11, 122 keys).
+//!
+//! The arena keeps one [`DeviceStats`] per device, beside the structures it counts, and updates it
+//! under its own lock. Pools: `small_pool` = size-class slabs, `large_pool` = page ranges.
+
+pub mod summary;
+
+/// Index into a [`StatArray`]: the order of PyTorch's `StatType` (AGGREGATE, SMALL_POOL, LARGE_POOL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    Small = 1,
+    Large = 2,
+}
+
+/// One statistic, updated the way PyTorch updates its `Stat`:
+/// increase → current += n, peak = max(peak, current), allocated += n;
+/// decrease → current -= n, freed += n.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub current: i64,
+    pub peak: i64,
+    pub allocated: i64,
+    pub freed: i64,
+}
+
+impl Stat {
+    #[inline]
+    pub fn increase(&mut self, n: i64) {
+        self.current += n;
+        self.allocated += n;
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
+    }
+
+    #[inline]
+    pub fn decrease(&mut self, n: i64) {
+        self.current -= n;
+        self.freed += n;
+    }
+
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// `[all, small_pool, large_pool]`, updated together: a change to a pool also changes `all`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    #[inline]
+    pub fn increase(&mut self, pool: Pool, n: i64) {
+        self.0[0].increase(n);
+        self.0[pool as usize].increase(n);
+    }
+
+    #[inline]
+    pub fn decrease(&mut self, pool: Pool, n: i64) {
+        self.0[0].decrease(n);
+        self.0[pool as usize].decrease(n);
+    }
+
+    pub fn all(&self) -> &Stat {
+        &self.0[0]
+    }
+
+    pub fn pool(&self, pool: Pool) -> &Stat {
+        &self.0[pool as usize]
+    }
+
+    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        self.0.iter_mut().for_each(f);
+    }
+}
+
+/// Everything `torch.cuda.memory_stats()` reports for one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Client allocations live.
+    pub allocation: StatArray,
+    /// Physical pages held (our "segments"): small_pool = pages backing slabs, large_pool = the rest.
+    pub segment: StatArray,
+    /// Allocations live or freed but still awaiting stream events (record_stream).
+    pub active: StatArray,
+    /// Partially used pages: free space that cannot be released while a live allocation shares it.
+    pub inactive_split: StatArray,
+    /// Block bytes handed out (request rounded to its size class or to 512 B).
+    pub allocated_bytes: StatArray,
+    /// Physical bytes held.
+    pub reserved_bytes: StatArray,
+    /// Bytes in active blocks.
+    pub active_bytes: StatArray,
+    /// Free bytes inside partially used pages.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the client asked for.
+    pub requested_bytes: StatArray,
+    /// Allocations of at least `max_split_size` bytes (never, with no max split size).
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size` bytes (never, with no max split size).
+    pub oversize_segments: Stat,
+    /// Times a request could not be met at once and the cache was flushed before retrying.
+    pub num_alloc_retries: i64,
+    /// Out-of-memory errors returned to the client.
+    pub num_ooms: i64,
+    /// Times every stream was synchronised to free memory.
+    pub num_sync_all_streams: i64,
+    /// Physical pages created (cuMemCreate), or plain cuMemAlloc calls.
+    pub num_device_alloc: i64,
+    /// Physical pages released (cuMemRelease), or plain cuMemFree calls.
+    pub num_device_free: i64,
+    /// PyTorch's `max_split_size` (we never stop splitting: `i64::MAX`, as PyTorch reports SIZE_MAX).
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    pub fn new() -> Self {
+        DeviceStats { max_split_size: i64::MAX, ..Default::default() }
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// `reset_peak_memory_stats`: every peak becomes the current value.
+    pub fn reset_peak(&mut self) {
+        for a in self.arrays_mut() {
+            a.for_each(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats`: allocated/freed totals and the scalar counters go to zero.
+    pub fn reset_accumulated(&mut self) {
+        for a in self.arrays_mut() {
+            a.for_each(Stat::reset_accumulated);
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+}
