@@ -7,7 +7,11 @@ use once_cell::sync::OnceCell;
 
 use crate::arena::{Arena, ArenaExtras, ReclaimReport};
 use crate::config::{Config, DeviceKind};
-use crate::device::{Device, DevPtr, StreamId, cuda::CudaDevice, sim::{SimConfig, SimDevice}};
+use crate::device::{
+    DevPtr, Device, StreamId,
+    cuda::CudaDevice,
+    sim::{SimConfig, SimDevice},
+};
 use crate::error::{Error, Result};
 use crate::stats::DeviceStats;
 
@@ -42,7 +46,11 @@ impl TorchArena {
         let slot = usize::try_from(device)
             .ok()
             .and_then(|d| self.arenas.get(d))
-            .ok_or_else(|| Error::BadDevice(format!("device {device} is out of range: expected 0..{MAX_DEVICES}")))?;
+            .ok_or_else(|| {
+                Error::BadDevice(format!(
+                    "device {device} is out of range: expected 0..{MAX_DEVICES}"
+                ))
+            })?;
         slot.get_or_try_init(|| {
             let dev = self.open_device(device)?;
             Arena::new(dev, &self.conf)
@@ -51,7 +59,10 @@ impl TorchArena {
 
     /// Arenas already opened, with their ordinals.
     pub fn open_arenas(&self) -> impl Iterator<Item = (i32, &Arena)> {
-        self.arenas.iter().enumerate().filter_map(|(i, a)| a.get().map(|a| (i as i32, a)))
+        self.arenas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.get().map(|a| (i as i32, a)))
     }
 
     fn open_device(&self, device: i32) -> Result<Arc<dyn Device>> {
@@ -64,7 +75,9 @@ impl TorchArena {
                         self.conf.sim_devices
                     )));
                 }
-                Ok(Arc::new(SimDevice::new(SimConfig::from_conf(&self.conf, device))?))
+                Ok(Arc::new(SimDevice::new(SimConfig::from_conf(
+                    &self.conf, device,
+                ))?))
             }
             DeviceKind::Cuda => Ok(Arc::new(CudaDevice::open(device)?)),
         }
@@ -93,7 +106,9 @@ impl TorchArena {
         self.open_arenas()
             .map(|(_, a)| a)
             .find(|a| a.owns(ptr))
-            .ok_or_else(|| Error::BadPointer(format!("pointer {ptr:#x} was not allocated by torch-arena")))
+            .ok_or_else(|| {
+                Error::BadPointer(format!("pointer {ptr:#x} was not allocated by torch-arena"))
+            })
     }
 
     /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
@@ -152,7 +167,12 @@ impl TorchArena {
     pub fn summary(&self, device: i32, abbreviated: bool) -> Result<String> {
         let arena = self.arena(device)?;
         let (stats, extras) = (arena.stats(), arena.extras());
-        Ok(crate::stats::summary::memory_summary(device, &stats, &extras, abbreviated))
+        Ok(crate::stats::summary::memory_summary(
+            device,
+            &stats,
+            &extras,
+            abbreviated,
+        ))
     }
 
     /// Return empty slabs and cached ranges to the page pool, and say what was recovered.

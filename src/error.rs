@@ -22,9 +22,10 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Config(m) | Error::OutOfMemory(m) | Error::BadPointer(m) | Error::BadDevice(m) => {
-                f.write_str(m)
-            }
+            Error::Config(m)
+            | Error::OutOfMemory(m)
+            | Error::BadPointer(m)
+            | Error::BadDevice(m) => f.write_str(m),
             Error::Device(e) => write!(f, "{e}"),
         }
     }

@@ -1,27 +1,1573 @@
-//! The arena (stub: being written).
+//! The arena of one device: how bytes are handed out.
+//!
+//! - Requests ≤ 1 MiB take a slot of a size class ([`size_class`]) in a slab of 1–4 pages
+//!   ([`slab`]). Each class fills its *current* slab, then the fullest partial slab, so emptier
+//!   slabs drain and their pages go back to the page pool.
+//! - Larger requests take a 512-byte-granular block from a best-fit, coalescing heap of virtual
+//!   addresses ([`heap`]). Physical pages are mapped under a block only where none is mapped yet;
+//!   any free physical page can back any new range (stitching), so free memory is never stranded
+//!   by address-space fragmentation. Medium sizes pack next to each other instead of each rounding
+//!   up to whole pages; freed blocks keep their pages mapped, so the next request of the same size
+//!   reuses them with no driver call.
+//! - Each stream owns its heaps and slabs: memory freed on stream S is reused at once only by S.
+//!   Physical pages move to another stream (or back to the driver) only once an event recorded on
+//!   S after the free has completed. Frees of allocations used on other streams (`record_stream`)
+//!   wait for events on those streams first.
+//!
+//! Invariants (each has a test):
+//! 1. No two live allocations overlap; every live allocation lies in pages that stay mapped.
+//! 2. A page freed on stream S is unmapped, remapped or released only after S's work queued
+//!    before the free has completed.
+//! 3. `stats` is exact: allocated = Σ live block sizes, requested = Σ live request sizes,
+//!    reserved = physical bytes held.
+//! 4. Nothing here scans all allocations: every operation is O(log n) in live allocations.
+
+mod heap;
 mod report;
+mod size_class;
+mod slab;
+
 pub use report::*;
+pub use size_class::{MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use crate::config::Config;
-use crate::device::{Device, DevPtr, StreamId};
-use crate::error::{Error, Result};
-use crate::stats::DeviceStats;
+use std::time::{Duration, Instant};
 
-pub struct Arena { _dev: Arc<dyn Device> }
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::device::{DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, StreamId};
+use crate::error::{Error, Result};
+use crate::stats::{DeviceStats, Pool};
+use heap::Heap;
+use slab::Slab;
+
+/// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
+const BUCKETS: usize = 8;
+/// Size of the plain (non-VMM) segments that medium requests are packed into, as PyTorch does.
+const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
+/// How many idle pages one non-blocking reclaim looks at before giving up.
+const RECLAIM_SCAN: usize = 256;
+const NO_SLAB: u32 = u32::MAX;
+
+/// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
+/// cache misses.
+pub struct Arena {
+    inner: Mutex<Inner>,
+}
+
+/// A live block of the large pool.
+#[derive(Clone, Copy, Debug)]
+struct LargeBlock {
+    len: u64,
+    requested: u64,
+    stream: u32,
+    region: u32,
+    /// Freed by the client, waiting for events on the streams it was used on.
+    pending: bool,
+}
+
+/// One reservation of virtual addresses (or, without VMM, one plain segment), owned by one stream.
+#[derive(Debug)]
+struct Region {
+    base: u64,
+    len: u64,
+    stream: u32,
+    pool: Pool,
+    /// A plain cuMemAlloc segment: always backed, released only whole.
+    plain: bool,
+    pages: Vec<PageSlot>,
+    /// Pages with at least one user.
+    in_use: u32,
+    /// False once released (plain segments given back); its index stays reserved.
+    live: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PageSlot {
+    /// The physical page mapped here (VMM only).
+    phys: Option<PageHandle>,
+    /// Live blocks or slabs touching this page.
+    users: u32,
+    /// Bytes of live large blocks inside this page.
+    covered: u64,
+    slab: u32,
+    /// Key in the idle list while the page is mapped and unused (0 = not idle).
+    idle_stamp: u64,
+}
+
+impl Default for PageSlot {
+    fn default() -> Self {
+        PageSlot {
+            phys: None,
+            users: 0,
+            covered: 0,
+            slab: NO_SLAB,
+            idle_stamp: 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct IdlePage {
+    region: u32,
+    page: u32,
+    since: Instant,
+}
+
+#[derive(Debug, Default)]
+struct ClassState {
+    current: Option<u32>,
+    buckets: [Vec<u32>; BUCKETS],
+}
+
+/// What one stream owns.
+#[derive(Debug)]
+struct StreamState {
+    id: StreamId,
+    small: Heap,
+    large: Heap,
+    classes: Vec<ClassState>,
+    /// An event re-recorded on this stream whenever pages idle since `fence_seq` need proving safe.
+    fence: Option<EventHandle>,
+    fence_seq: u64,
+    /// Every page this stream made idle at or before this stamp is no longer used by the GPU.
+    safe_seq: u64,
+}
+
+/// An allocation freed by the client whose memory other streams may still use.
+#[derive(Debug)]
+struct Pending {
+    ptr: u64,
+    events: Vec<EventHandle>,
+}
+
+/// Why an attempt failed.
+enum Miss {
+    /// No physical memory within the limit: the caller may flush caches and retry.
+    NoMemory,
+    Device(DeviceError),
+}
+
+impl From<DeviceError> for Miss {
+    fn from(e: DeviceError) -> Self {
+        match e {
+            DeviceError::OutOfMemory => Miss::NoMemory,
+            e => Miss::Device(e),
+        }
+    }
+}
+
+/// A multiplicative hasher for integer keys (pointers, stream ids): no DoS concern here, and
+/// SipHash would be most of the cost of a lookup.
+#[derive(Default, Clone, Copy)]
+struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+struct Inner {
+    dev: Arc<dyn Device>,
+    info: DeviceInfo,
+    page: u64,
+    vmm: bool,
+    stitch: bool,
+    release_idle: Option<Duration>,
+    /// Most bytes of physical memory we may hold.
+    limit: u64,
+    /// Virtual bytes reserved per VMM region.
+    region_len: u64,
+    classes: SizeClasses,
+    streams: Vec<StreamState>,
+    stream_index: IntMap<StreamId, u32>,
+    last_stream: (StreamId, u32),
+    regions: Vec<Region>,
+    /// `(base, region)` sorted by base, for pointer lookup.
+    region_by_addr: Vec<(u64, u32)>,
+    slabs: Vec<Slab>,
+    free_slab_ids: Vec<u32>,
+    large: BTreeMap<u64, LargeBlock>,
+    /// Extra streams named by `record_stream`, per live allocation.
+    recorded: IntMap<u64, Vec<StreamId>>,
+    pending: VecDeque<Pending>,
+    pending_ptrs: IntMap<u64, ()>,
+    spare_events: Vec<EventHandle>,
+    /// Physical pages created and mapped nowhere, with the time they became free.
+    pool: Vec<(PageHandle, Instant)>,
+    /// Mapped pages with no user, oldest first.
+    idle: BTreeMap<u64, IdlePage>,
+    seq: u64,
+    stats: DeviceStats,
+    /// Pages holding live data per pool, for the inactive-split figures.
+    in_use_pages: [u64; 3],
+    partial_slabs: i64,
+    nonempty_slab_bytes: u64,
+    bad_frees: u64,
+    last_decay: Instant,
+}
 
 impl Arena {
-    pub fn new(dev: Arc<dyn Device>, _conf: &Config) -> Result<Arena> { Ok(Arena { _dev: dev }) }
-    pub fn malloc(&self, _size: u64, _stream: StreamId) -> Result<DevPtr> { Err(Error::OutOfMemory("CUDA out of memory. Tried to allocate (stub)".into())) }
-    pub fn free(&self, _ptr: DevPtr, _size: Option<u64>, _stream: StreamId) -> Result<()> { Ok(()) }
-    pub fn owns(&self, _ptr: DevPtr) -> bool { false }
-    pub fn record_stream(&self, _ptr: DevPtr, _stream: StreamId) -> Result<()> { Ok(()) }
-    pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> { Ok((ptr, 0)) }
-    pub fn empty_cache(&self) -> Result<ReclaimReport> { Ok(ReclaimReport::default()) }
-    pub fn defragment(&self) -> Result<ReclaimReport> { Ok(ReclaimReport::default()) }
-    pub fn set_memory_fraction(&self, _f: f64) -> Result<()> { Ok(()) }
-    pub fn stats(&self) -> DeviceStats { DeviceStats::new() }
-    pub fn extras(&self) -> ArenaExtras { ArenaExtras::default() }
-    pub fn reset_peak_stats(&self) {}
-    pub fn reset_accumulated_stats(&self) {}
+    /// An arena on `dev` with the settings of `conf`.
+    pub fn new(dev: Arc<dyn Device>, conf: &Config) -> Result<Arena> {
+        let info = dev.info().clone();
+        let page = conf.page_size_mb << 20;
+        if page == 0 || page % info.granularity != 0 {
+            return Err(Error::Config(format!(
+                "TORCH_ARENA_CONF: page_size_mb:{} is not a multiple of device {}'s allocation \
+                 granularity ({} KiB): use a multiple of {} KiB",
+                conf.page_size_mb,
+                info.ordinal,
+                info.granularity >> 10,
+                info.granularity >> 10
+            )));
+        }
+        let limit = limit_for(info.total_bytes, conf.memory_fraction, page);
+        let region_len = info.total_bytes.div_ceil(page).max(1) * page;
+        let now = Instant::now();
+        let inner = Inner {
+            vmm: info.vmm,
+            info,
+            dev,
+            page,
+            stitch: conf.stitch,
+            release_idle: (conf.release_idle_ms > 0)
+                .then(|| Duration::from_millis(conf.release_idle_ms)),
+            limit,
+            region_len,
+            classes: SizeClasses::new(page),
+            streams: Vec::new(),
+            stream_index: IntMap::default(),
+            last_stream: (u64::MAX, u32::MAX),
+            regions: Vec::new(),
+            region_by_addr: Vec::new(),
+            slabs: Vec::new(),
+            free_slab_ids: Vec::new(),
+            large: BTreeMap::new(),
+            recorded: IntMap::default(),
+            pending: VecDeque::new(),
+            pending_ptrs: IntMap::default(),
+            spare_events: Vec::new(),
+            pool: Vec::new(),
+            idle: BTreeMap::new(),
+            seq: 0,
+            stats: DeviceStats::new(),
+            in_use_pages: [0; 3],
+            partial_slabs: 0,
+            nonempty_slab_bytes: 0,
+            bad_frees: 0,
+            last_decay: now,
+        };
+        Ok(Arena {
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// At least `size` (> 0) bytes, 512-byte aligned, usable on `stream` at once.
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevPtr> {
+        let mut g = self.inner.lock();
+        g.malloc(size, stream)
+    }
+
+    /// Free `ptr`. `size`, when given, must equal the request; a mismatch is reported but the
+    /// allocation is still freed (the pointer is what names it).
+    pub fn free(&self, ptr: DevPtr, size: Option<u64>, _stream: StreamId) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.poll_pending();
+        let r = g.free(ptr, size);
+        if r.is_err() {
+            g.bad_frees += 1;
+        }
+        r
+    }
+
+    /// Whether `ptr` lies in memory this arena manages.
+    pub fn owns(&self, ptr: DevPtr) -> bool {
+        self.inner.lock().region_of(ptr).is_some()
+    }
+
+    /// The allocation at `ptr` is also used on `stream`: its memory is not reused until the work
+    /// queued on `stream` before its free has completed.
+    pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
+        let mut g = self.inner.lock();
+        let (base, owner) = g.live_allocation(ptr).ok_or_else(|| {
+            g.bad_frees += 1;
+            Error::BadPointer(format!(
+                "record_stream: pointer {ptr:#x} is not inside a live torch-arena allocation"
+            ))
+        })?;
+        if g.streams[owner as usize].id != stream {
+            let list = g.recorded.entry(base).or_default();
+            if !list.contains(&stream) {
+                list.push(stream);
+            }
+        }
+        Ok(())
+    }
+
+    /// The live allocation containing `ptr`: its base pointer and block size.
+    pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
+        let g = self.inner.lock();
+        let (base, _) = g.live_allocation(ptr).ok_or_else(|| {
+            Error::BadPointer(format!(
+                "base_alloc: pointer {ptr:#x} is not inside a live torch-arena allocation"
+            ))
+        })?;
+        Ok((base, g.block_len(base)))
+    }
+
+    /// `empty_cache`: wait for every stream, then give every cached page back to the driver.
+    pub fn empty_cache(&self) -> Result<ReclaimReport> {
+        let mut g = self.inner.lock();
+        g.reclaim(true)
+    }
+
+    /// Wait for every stream, then return empty slabs and cached ranges to the page pool (pages
+    /// stay created, ready to back any new range). Says what was recovered.
+    pub fn defragment(&self) -> Result<ReclaimReport> {
+        let mut g = self.inner.lock();
+        g.reclaim(false)
+    }
+
+    /// Cap physical memory at `fraction` of the device. Cached pages above the new cap are
+    /// released; live memory is never touched.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        let mut g = self.inner.lock();
+        g.limit = limit_for(g.info.total_bytes, fraction, g.page);
+        while g.reserved() > g.limit {
+            let Some((page, _)) = g.pool.pop() else { break };
+            g.release_page(page)?;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        self.inner.lock().stats.clone()
+    }
+
+    pub fn reset_peak_stats(&self) {
+        self.inner.lock().stats.reset_peak();
+    }
+
+    pub fn reset_accumulated_stats(&self) {
+        self.inner.lock().stats.reset_accumulated();
+    }
+
+    pub fn extras(&self) -> ArenaExtras {
+        self.inner.lock().extras()
+    }
+
+    /// The device this arena allocates from.
+    pub fn device(&self) -> Arc<dyn Device> {
+        self.inner.lock().dev.clone()
+    }
+
+    /// Check every internal invariant, walking all state (tests only: O(everything)).
+    pub fn check_consistency(&self) -> std::result::Result<(), String> {
+        self.inner.lock().check_consistency()
+    }
+}
+
+fn limit_for(total: u64, fraction: f64, page: u64) -> u64 {
+    let bytes = (total as f64 * fraction.clamp(0.0, 1.0)) as u64;
+    bytes / page * page
+}
+
+#[inline]
+fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+impl Inner {
+    // ----- allocation -------------------------------------------------------------------------
+
+    fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevPtr> {
+        if !self.pending.is_empty() {
+            self.poll_pending();
+        }
+        let s = self.stream(stream)?;
+        match self.try_alloc(size, s, false) {
+            Ok(p) => return Ok(p),
+            Err(Miss::Device(e)) => return Err(e.into()),
+            Err(Miss::NoMemory) => {}
+        }
+        // Slow path: wait for every stream so pending frees finish and every idle page is safe
+        // to move, then try once more, taking pages from anywhere.
+        self.stats.num_alloc_retries += 1;
+        self.synchronize_all()?;
+        match self.try_alloc(size, s, true) {
+            Ok(p) => Ok(p),
+            Err(Miss::Device(e)) => Err(e.into()),
+            Err(Miss::NoMemory) => {
+                // The driver may refuse pages we are allowed (another process holds them): give
+                // back what we cache and try a last time.
+                self.reclaim(true)?;
+                match self.try_alloc(size, s, true) {
+                    Ok(p) => Ok(p),
+                    Err(Miss::Device(e)) => Err(e.into()),
+                    Err(Miss::NoMemory) => {
+                        self.stats.num_ooms += 1;
+                        Err(Error::OutOfMemory(self.oom_message(size)))
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_alloc(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<DevPtr, Miss> {
+        if size <= MAX_SMALL {
+            self.alloc_small(size, s, anywhere)
+        } else {
+            self.alloc_large(size, s, anywhere)
+        }
+    }
+
+    fn alloc_small(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<DevPtr, Miss> {
+        let ci = self.classes.index_of(size);
+        let slab_id = match self.streams[s as usize].classes[ci].current {
+            Some(id) if !self.slabs[id as usize].is_full() => id,
+            _ => self.next_slab(s, ci, anywhere)?,
+        };
+        let slab = &mut self.slabs[slab_id as usize];
+        let was = (slab.used, slab.slots);
+        let ptr = slab.take(size);
+        let slot = slab.slot_size;
+        if was.0 == 0 {
+            self.nonempty_slab_bytes += self.classes.get(ci).pages * self.page;
+        }
+        self.partial_slabs += partial(was.0 + 1, was.1) - partial(was.0, was.1);
+        let st = &mut self.stats;
+        st.allocation.increase(Pool::Small, 1);
+        st.active.increase(Pool::Small, 1);
+        st.allocated_bytes.increase(Pool::Small, slot as i64);
+        st.active_bytes.increase(Pool::Small, slot as i64);
+        st.requested_bytes.increase(Pool::Small, size as i64);
+        self.update_inactive_split(Pool::Small);
+        Ok(ptr)
+    }
+
+    /// The current slab of class `ci` is full (or absent): make the fullest partial slab current,
+    /// or carve a new one.
+    fn next_slab(&mut self, s: u32, ci: usize, anywhere: bool) -> std::result::Result<u32, Miss> {
+        let cs = &mut self.streams[s as usize].classes[ci];
+        if let Some(id) = cs.buckets.iter_mut().rev().find_map(|b| b.pop()) {
+            self.slabs[id as usize].bucket = None;
+            self.set_current(s, ci, id);
+            return Ok(id);
+        }
+        let id = self.create_slab(s, ci, anywhere)?;
+        self.set_current(s, ci, id);
+        Ok(id)
+    }
+
+    /// Make `id` the current slab of its class; the previous current slab, unless full, joins
+    /// the fill-order buckets (or dissolves if empty).
+    fn set_current(&mut self, s: u32, ci: usize, id: u32) {
+        let old = std::mem::replace(&mut self.streams[s as usize].classes[ci].current, Some(id));
+        if let Some(old) = old.filter(|&o| o != id) {
+            let slab = &self.slabs[old as usize];
+            if slab.is_empty() {
+                self.dissolve_slab(old);
+            } else if !slab.is_full() {
+                self.bucket_insert(old);
+            }
+        }
+    }
+
+    fn create_slab(&mut self, s: u32, ci: usize, anywhere: bool) -> std::result::Result<u32, Miss> {
+        let class = *self.classes.get(ci);
+        let span = class.pages * self.page;
+        let (addr, region) = self.take_va(s, Pool::Small, span)?;
+        let first = ((addr - self.regions[region as usize].base) / self.page) as u32;
+        if let Err(e) = self.back_pages(region, first, class.pages as u32, anywhere) {
+            self.streams[s as usize].small.free(addr, span, region);
+            return Err(e);
+        }
+        let slab = Slab::new(addr, ci as u16, class.size, class.slots, s, region, first);
+        let id = match self.free_slab_ids.pop() {
+            Some(id) => {
+                self.slabs[id as usize] = slab;
+                id
+            }
+            None => {
+                self.slabs.push(slab);
+                (self.slabs.len() - 1) as u32
+            }
+        };
+        for p in first..first + class.pages as u32 {
+            self.regions[region as usize].pages[p as usize].slab = id;
+            self.page_user_added(region, p);
+        }
+        Ok(id)
+    }
+
+    /// An empty, non-current slab gives its pages and addresses back.
+    fn dissolve_slab(&mut self, id: u32) {
+        let slab = &self.slabs[id as usize];
+        debug_assert!(slab.is_empty() && slab.bucket.is_none());
+        let (region, first, base, s) = (slab.region, slab.first_page, slab.base, slab.stream);
+        let pages = self.classes.get(slab.class as usize).pages;
+        for p in first..first + pages as u32 {
+            self.regions[region as usize].pages[p as usize].slab = NO_SLAB;
+            self.page_user_removed(region, p);
+        }
+        self.streams[s as usize]
+            .small
+            .free(base, pages * self.page, region);
+        self.slabs[id as usize].slots = 0;
+        self.free_slab_ids.push(id);
+    }
+
+    fn alloc_large(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<DevPtr, Miss> {
+        let len = round_up(size, MIN_BLOCK);
+        let (addr, region) = self.take_va(s, Pool::Large, len)?;
+        if let Err(e) = self.use_range(region, addr, len, anywhere) {
+            self.streams[s as usize].large.free(addr, len, region);
+            return Err(e);
+        }
+        self.large.insert(
+            addr,
+            LargeBlock {
+                len,
+                requested: size,
+                stream: s,
+                region,
+                pending: false,
+            },
+        );
+        let st = &mut self.stats;
+        st.allocation.increase(Pool::Large, 1);
+        st.active.increase(Pool::Large, 1);
+        st.allocated_bytes.increase(Pool::Large, len as i64);
+        st.active_bytes.increase(Pool::Large, len as i64);
+        st.requested_bytes.increase(Pool::Large, size as i64);
+        self.update_inactive_split(Pool::Large);
+        Ok(addr)
+    }
+
+    /// Addresses for `len` bytes from stream `s`'s heap of `pool`, reserving a new region (or, with
+    /// no VMM, allocating a new plain segment) when none fits.
+    fn take_va(&mut self, s: u32, pool: Pool, len: u64) -> std::result::Result<(u64, u32), Miss> {
+        if let Some(hit) = self.heap(s, pool).alloc(len) {
+            return Ok(hit);
+        }
+        self.add_region(s, pool, len)?;
+        Ok(self
+            .heap(s, pool)
+            .alloc(len)
+            .expect("a new region fits the request"))
+    }
+
+    fn heap(&mut self, s: u32, pool: Pool) -> &mut Heap {
+        let st = &mut self.streams[s as usize];
+        match pool {
+            Pool::Small => &mut st.small,
+            Pool::Large => &mut st.large,
+        }
+    }
+
+    fn add_region(&mut self, s: u32, pool: Pool, need: u64) -> std::result::Result<u32, Miss> {
+        let (base, len, plain) = if self.vmm {
+            let len = round_up(need, self.page).max(self.region_len);
+            (self.dev.reserve(len, self.page)?, len, false)
+        } else {
+            let len = match pool {
+                Pool::Small => round_up(need, self.page),
+                Pool::Large if need < PLAIN_MEDIUM_SEGMENT / 2 => PLAIN_MEDIUM_SEGMENT,
+                Pool::Large => round_up(need, self.page),
+            };
+            if self.reserved() + len > self.limit {
+                return Err(Miss::NoMemory);
+            }
+            let base = self.dev.alloc_plain(len)?;
+            self.stats.segment.increase(pool, 1);
+            self.stats.reserved_bytes.increase(pool, len as i64);
+            self.stats.num_device_alloc += 1;
+            (base, len, true)
+        };
+        let id = self.regions.len() as u32;
+        let pages = vec![PageSlot::default(); (len / self.page) as usize];
+        self.regions.push(Region {
+            base,
+            len,
+            stream: s,
+            pool,
+            plain,
+            pages,
+            in_use: 0,
+            live: true,
+        });
+        let at = self.region_by_addr.partition_point(|&(b, _)| b < base);
+        self.region_by_addr.insert(at, (base, id));
+        self.heap(s, pool).add_region(base, len, id);
+        Ok(id)
+    }
+
+    /// Count one more user on every page of `[addr, addr + len)`, mapping physical pages where
+    /// none is mapped yet. On failure nothing changes.
+    fn use_range(
+        &mut self,
+        region: u32,
+        addr: u64,
+        len: u64,
+        anywhere: bool,
+    ) -> std::result::Result<(), Miss> {
+        let base = self.regions[region as usize].base;
+        let first = ((addr - base) / self.page) as u32;
+        let last = ((addr + len - 1 - base) / self.page) as u32;
+        self.back_pages(region, first, last - first + 1, anywhere)?;
+        for p in first..=last {
+            let start = base + p as u64 * self.page;
+            let overlap = (addr + len).min(start + self.page) - addr.max(start);
+            self.regions[region as usize].pages[p as usize].covered += overlap;
+            self.page_user_added(region, p);
+        }
+        Ok(())
+    }
+
+    /// Make sure pages `first..first+n` of `region` are backed. Idle pages among them are taken
+    /// off the idle list first, so reclaiming cannot pick them.
+    fn back_pages(
+        &mut self,
+        region: u32,
+        first: u32,
+        n: u32,
+        anywhere: bool,
+    ) -> std::result::Result<(), Miss> {
+        if self.regions[region as usize].plain {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        let mut claimed = Vec::new();
+        for p in first..first + n {
+            let slot = self.regions[region as usize].pages[p as usize];
+            if slot.phys.is_none() {
+                missing.push(p);
+            } else if slot.idle_stamp != 0 {
+                claimed.push((
+                    slot.idle_stamp,
+                    self.idle
+                        .remove(&slot.idle_stamp)
+                        .expect("idle page listed"),
+                ));
+                self.regions[region as usize].pages[p as usize].idle_stamp = 0;
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let unclaim = |me: &mut Inner, claimed: Vec<(u64, IdlePage)>| {
+            for (stamp, idle) in claimed {
+                me.regions[idle.region as usize].pages[idle.page as usize].idle_stamp = stamp;
+                me.idle.insert(stamp, idle);
+            }
+        };
+        let pages = match self.acquire(missing.len(), anywhere) {
+            Ok(pages) => pages,
+            Err(e) => {
+                unclaim(self, claimed);
+                return Err(e);
+            }
+        };
+        let pool = self.regions[region as usize].pool;
+        let base = self.regions[region as usize].base;
+        for (i, (&p, &phys)) in missing.iter().zip(&pages).enumerate() {
+            if let Err(e) = self.dev.map(base + p as u64 * self.page, self.page, phys) {
+                // Undo the maps made so far and keep every page created.
+                for &q in &missing[..i] {
+                    let _ = self.dev.unmap(base + q as u64 * self.page, self.page);
+                    self.regions[region as usize].pages[q as usize].phys = None;
+                }
+                let now = Instant::now();
+                self.pool.extend(pages.iter().map(|&h| (h, now)));
+                if pool == Pool::Small {
+                    self.move_reserved(Pool::Small, Pool::Large, i as u64);
+                }
+                unclaim(self, claimed);
+                return Err(Miss::Device(e));
+            }
+            self.regions[region as usize].pages[p as usize].phys = Some(phys);
+            if pool == Pool::Small {
+                self.move_reserved(Pool::Large, Pool::Small, 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// `n` unmapped physical pages: from the pool, then (with stitching, or when `anywhere`) idle
+    /// pages proven safe, then new pages within the limit. On failure every page taken goes back
+    /// to the pool.
+    fn acquire(&mut self, n: usize, anywhere: bool) -> std::result::Result<Vec<PageHandle>, Miss> {
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            if let Some((page, _)) = self.pool.pop() {
+                got.push(page);
+                continue;
+            }
+            if self.stitch || anywhere {
+                match self.reclaim_idle_page(anywhere) {
+                    Ok(Some(page)) => {
+                        got.push(page);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(self.give_back(got, e.into())),
+                }
+            }
+            if self.reserved() + self.page <= self.limit {
+                match self.dev.create_page(self.page) {
+                    Ok(page) => {
+                        self.stats.segment.increase(Pool::Large, 1);
+                        self.stats
+                            .reserved_bytes
+                            .increase(Pool::Large, self.page as i64);
+                        self.stats.num_device_alloc += 1;
+                        got.push(page);
+                        continue;
+                    }
+                    Err(e) => return Err(self.give_back(got, e.into())),
+                }
+            }
+            return Err(self.give_back(got, Miss::NoMemory));
+        }
+        Ok(got)
+    }
+
+    fn give_back(&mut self, pages: Vec<PageHandle>, why: Miss) -> Miss {
+        let now = Instant::now();
+        self.pool.extend(pages.into_iter().map(|p| (p, now)));
+        why
+    }
+
+    /// Unmap the oldest idle page whose stream is done with it. With `block`, wait for the
+    /// stream instead of skipping it.
+    fn reclaim_idle_page(
+        &mut self,
+        block: bool,
+    ) -> std::result::Result<Option<PageHandle>, DeviceError> {
+        let candidates: Vec<(u64, IdlePage)> = self
+            .idle
+            .iter()
+            .take(RECLAIM_SCAN)
+            .map(|(&k, &v)| (k, v))
+            .collect();
+        let mut blocked: Vec<u32> = Vec::new();
+        for (stamp, idle) in candidates {
+            let s = self.regions[idle.region as usize].stream;
+            if blocked.contains(&s) {
+                continue;
+            }
+            if !self.stream_done_with(s, stamp, block)? {
+                blocked.push(s);
+                continue;
+            }
+            return self.unmap_idle(stamp).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// Unmap the idle page listed under `stamp`; its physical page is returned, mapped nowhere.
+    fn unmap_idle(&mut self, stamp: u64) -> std::result::Result<PageHandle, DeviceError> {
+        let idle = self.idle[&stamp];
+        let region = &self.regions[idle.region as usize];
+        let va = region.base + idle.page as u64 * self.page;
+        let pool = region.pool;
+        self.dev.unmap(va, self.page)?;
+        self.idle.remove(&stamp);
+        let slot = &mut self.regions[idle.region as usize].pages[idle.page as usize];
+        slot.idle_stamp = 0;
+        let phys = slot.phys.take().expect("an idle page is mapped");
+        if pool == Pool::Small {
+            self.move_reserved(Pool::Small, Pool::Large, 1);
+        }
+        Ok(phys)
+    }
+
+    /// Whether every page stream `s` made idle at or before `stamp` is no longer used by the GPU.
+    /// Records the stream's fence event when needed; with `block`, waits for it.
+    fn stream_done_with(
+        &mut self,
+        s: u32,
+        stamp: u64,
+        block: bool,
+    ) -> std::result::Result<bool, DeviceError> {
+        let seq = self.seq;
+        let st = &self.streams[s as usize];
+        if stamp <= st.safe_seq {
+            return Ok(true);
+        }
+        let event = match st.fence {
+            Some(e) => e,
+            None => {
+                let e = self.dev.create_event()?;
+                self.streams[s as usize].fence = Some(e);
+                self.streams[s as usize].fence_seq = 0;
+                e
+            }
+        };
+        let st = &mut self.streams[s as usize];
+        if st.fence_seq < stamp {
+            self.dev.record_event(event, st.id)?;
+            st.fence_seq = seq;
+        }
+        let done = if block {
+            self.dev.synchronize_event(event)?;
+            true
+        } else {
+            self.dev.query_event(event)?
+        };
+        let st = &mut self.streams[s as usize];
+        if done {
+            st.safe_seq = st.fence_seq;
+        }
+        Ok(done && stamp <= st.safe_seq)
+    }
+
+    /// One more user of a page. A page going from idle to used leaves the idle list.
+    fn page_user_added(&mut self, region: u32, p: u32) {
+        let r = &mut self.regions[region as usize];
+        let slot = &mut r.pages[p as usize];
+        slot.users += 1;
+        if slot.users == 1 {
+            if slot.idle_stamp != 0 {
+                self.idle.remove(&slot.idle_stamp);
+                slot.idle_stamp = 0;
+            }
+            r.in_use += 1;
+            self.in_use_pages[r.pool as usize] += 1;
+        }
+    }
+
+    /// One user less. A mapped page with no user joins the idle list (newest last).
+    fn page_user_removed(&mut self, region: u32, p: u32) {
+        let r = &mut self.regions[region as usize];
+        let slot = &mut r.pages[p as usize];
+        slot.users -= 1;
+        if slot.users == 0 {
+            r.in_use -= 1;
+            self.in_use_pages[r.pool as usize] -= 1;
+            if slot.phys.is_some() {
+                self.seq += 1;
+                slot.idle_stamp = self.seq;
+                self.idle.insert(
+                    self.seq,
+                    IdlePage {
+                        region,
+                        page: p,
+                        since: Instant::now(),
+                    },
+                );
+            }
+        }
+    }
+
+    // ----- free -------------------------------------------------------------------------------
+
+    fn free(&mut self, ptr: u64, size: Option<u64>) -> Result<()> {
+        let region = self.region_of(ptr).ok_or_else(|| {
+            Error::BadPointer(format!(
+                "free: pointer {ptr:#x} was not allocated by torch-arena on device {}",
+                self.info.ordinal
+            ))
+        })?;
+        if self.pending_ptrs.contains_key(&ptr) {
+            return Err(self.double_free(ptr));
+        }
+        let requested = match self.regions[region as usize].pool {
+            Pool::Small => {
+                let (id, slot) = self
+                    .small_slot(region, ptr)
+                    .ok_or_else(|| self.not_live(ptr))?;
+                self.slabs[id as usize].requested(slot)
+            }
+            Pool::Large => {
+                self.large
+                    .get(&ptr)
+                    .ok_or_else(|| self.not_live(ptr))?
+                    .requested
+            }
+        };
+        let pool = self.regions[region as usize].pool;
+        let block = self.block_len(ptr);
+        let st = &mut self.stats;
+        st.allocation.decrease(pool, 1);
+        st.allocated_bytes.decrease(pool, block as i64);
+        st.requested_bytes.decrease(pool, requested as i64);
+        let extra = if self.recorded.is_empty() {
+            None
+        } else {
+            self.recorded.remove(&ptr)
+        };
+        match extra {
+            Some(streams) => self.defer_free(ptr, pool, streams)?,
+            None => self.finish_free(ptr, pool),
+        }
+        match size {
+            Some(size) if size != requested => Err(Error::BadPointer(format!(
+                "free: size mismatch for pointer {ptr:#x}: freed with size {size}, allocated with size \
+                 {requested} (the allocation was freed)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn not_live(&self, ptr: u64) -> Error {
+        match self.live_allocation(ptr) {
+            Some((base, _)) => Error::BadPointer(format!(
+                "free: pointer {ptr:#x} points inside the allocation at {base:#x}; free the base pointer"
+            )),
+            None => self.double_free(ptr),
+        }
+    }
+
+    fn double_free(&self, ptr: u64) -> Error {
+        Error::BadPointer(format!(
+            "free: pointer {ptr:#x} is not a live allocation (double free, or freed before it was returned)"
+        ))
+    }
+
+    /// Record an event on each stream the allocation was used on; reuse waits for them.
+    fn defer_free(&mut self, ptr: u64, pool: Pool, streams: Vec<StreamId>) -> Result<()> {
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            let e = match self.spare_events.pop() {
+                Some(e) => e,
+                None => match self.dev.create_event() {
+                    Ok(e) => e,
+                    Err(err) => {
+                        // Without an event we cannot wait later: wait now.
+                        self.dev.synchronize_stream(s)?;
+                        let _ = err;
+                        continue;
+                    }
+                },
+            };
+            if self.dev.record_event(e, s).is_err() {
+                self.spare_events.push(e);
+                self.dev.synchronize_stream(s)?;
+                continue;
+            }
+            events.push(e);
+        }
+        if events.is_empty() {
+            self.finish_free(ptr, pool);
+        } else {
+            if pool == Pool::Large {
+                self.large.get_mut(&ptr).expect("live").pending = true;
+            }
+            self.pending_ptrs.insert(ptr, ());
+            self.pending.push_back(Pending { ptr, events });
+        }
+        Ok(())
+    }
+
+    /// Finish pending frees whose events have completed, oldest first.
+    fn poll_pending(&mut self) {
+        while let Some(front) = self.pending.front() {
+            let done = front
+                .events
+                .iter()
+                .all(|&e| self.dev.query_event(e).unwrap_or(true));
+            if !done {
+                break;
+            }
+            let p = self.pending.pop_front().expect("front exists");
+            self.spare_events.extend(p.events);
+            self.pending_ptrs.remove(&p.ptr);
+            let region = self.region_of(p.ptr).expect("pending pointer is ours");
+            let pool = self.regions[region as usize].pool;
+            self.finish_free(p.ptr, pool);
+        }
+    }
+
+    /// The memory of `ptr` becomes reusable by its stream.
+    fn finish_free(&mut self, ptr: u64, pool: Pool) {
+        match pool {
+            Pool::Small => self.finish_small(ptr),
+            Pool::Large => self.finish_large(ptr),
+        }
+        self.update_inactive_split(pool);
+        if self.release_idle.is_some() {
+            self.maybe_decay();
+        }
+    }
+
+    fn finish_small(&mut self, ptr: u64) {
+        let region = self.region_of(ptr).expect("ours");
+        let (id, slot) = self.small_slot(region, ptr).expect("live slot");
+        let slab = &mut self.slabs[id as usize];
+        let (used, slots) = (slab.used, slab.slots);
+        slab.give_back(slot);
+        let size = slab.slot_size as i64;
+        let (s, ci) = (slab.stream, slab.class as usize);
+        self.partial_slabs += partial(used - 1, slots) - partial(used, slots);
+        self.stats.active.decrease(Pool::Small, 1);
+        self.stats.active_bytes.decrease(Pool::Small, size);
+        let is_current = self.streams[s as usize].classes[ci].current == Some(id);
+        if used == 1 {
+            self.nonempty_slab_bytes -= self.classes.get(ci).pages * self.page;
+        }
+        if is_current {
+            return;
+        }
+        if used == 1 {
+            self.bucket_remove(id);
+            self.dissolve_slab(id);
+        } else if used == slots {
+            self.bucket_insert(id);
+        } else {
+            let b = bucket_of(used - 1, slots);
+            if self.slabs[id as usize].bucket.map(|(old, _)| old) != Some(b) {
+                self.bucket_remove(id);
+                self.bucket_insert(id);
+            }
+        }
+    }
+
+    fn finish_large(&mut self, ptr: u64) {
+        let block = self.large.remove(&ptr).expect("live block");
+        let base = self.regions[block.region as usize].base;
+        let first = ((ptr - base) / self.page) as u32;
+        let last = ((ptr + block.len - 1 - base) / self.page) as u32;
+        for p in first..=last {
+            let start = base + p as u64 * self.page;
+            let overlap = (ptr + block.len).min(start + self.page) - ptr.max(start);
+            self.regions[block.region as usize].pages[p as usize].covered -= overlap;
+            self.page_user_removed(block.region, p);
+        }
+        self.streams[block.stream as usize]
+            .large
+            .free(ptr, block.len, block.region);
+        self.stats.active.decrease(Pool::Large, 1);
+        self.stats
+            .active_bytes
+            .decrease(Pool::Large, block.len as i64);
+    }
+
+    fn bucket_insert(&mut self, id: u32) {
+        let slab = &self.slabs[id as usize];
+        let b = bucket_of(slab.used, slab.slots);
+        let list = &mut self.streams[slab.stream as usize].classes[slab.class as usize].buckets
+            [b as usize];
+        list.push(id);
+        let at = (list.len() - 1) as u32;
+        self.slabs[id as usize].bucket = Some((b, at));
+    }
+
+    fn bucket_remove(&mut self, id: u32) {
+        let slab = &self.slabs[id as usize];
+        let Some((b, at)) = slab.bucket else { return };
+        let list = &mut self.streams[slab.stream as usize].classes[slab.class as usize].buckets
+            [b as usize];
+        list.swap_remove(at as usize);
+        if let Some(&moved) = list.get(at as usize) {
+            self.slabs[moved as usize].bucket = Some((b, at));
+        }
+        self.slabs[id as usize].bucket = None;
+    }
+
+    // ----- lookups ----------------------------------------------------------------------------
+
+    /// Index of stream `id`, created on first use.
+    #[inline]
+    fn stream(&mut self, id: StreamId) -> Result<u32> {
+        if self.last_stream.0 == id {
+            return Ok(self.last_stream.1);
+        }
+        let s = match self.stream_index.get(&id) {
+            Some(&s) => s,
+            None => {
+                let s = self.streams.len() as u32;
+                self.streams.push(StreamState {
+                    id,
+                    small: Heap::new(),
+                    large: Heap::new(),
+                    classes: (0..self.classes.len())
+                        .map(|_| ClassState::default())
+                        .collect(),
+                    fence: None,
+                    fence_seq: 0,
+                    safe_seq: 0,
+                });
+                self.stream_index.insert(id, s);
+                s
+            }
+        };
+        self.last_stream = (id, s);
+        Ok(s)
+    }
+
+    #[inline]
+    fn region_of(&self, ptr: u64) -> Option<u32> {
+        let at = self.region_by_addr.partition_point(|&(b, _)| b <= ptr);
+        let (_, id) = *self.region_by_addr.get(at.checked_sub(1)?)?;
+        let r = &self.regions[id as usize];
+        (r.live && ptr < r.base + r.len).then_some(id)
+    }
+
+    /// The live slab slot starting at `ptr`.
+    #[inline]
+    fn small_slot(&self, region: u32, ptr: u64) -> Option<(u32, usize)> {
+        let r = &self.regions[region as usize];
+        let id = r.pages[((ptr - r.base) / self.page) as usize].slab;
+        if id == NO_SLAB {
+            return None;
+        }
+        Some((id, self.slabs[id as usize].live_slot(ptr)?))
+    }
+
+    /// The live allocation containing `ptr` (base pointer and owning stream index), including
+    /// those freed but pending.
+    fn live_allocation(&self, ptr: u64) -> Option<(u64, u32)> {
+        let region = self.region_of(ptr)?;
+        match self.regions[region as usize].pool {
+            Pool::Small => {
+                let r = &self.regions[region as usize];
+                let id = r.pages[((ptr - r.base) / self.page) as usize].slab;
+                let slab = self.slabs.get(id as usize)?;
+                let slot = slab.slot_containing(ptr)?;
+                let base = slab.base + slot as u64 * slab.slot_size;
+                slab.live_slot(base)?;
+                Some((base, slab.stream))
+            }
+            Pool::Large => {
+                let (&base, b) = self.large.range(..=ptr).next_back()?;
+                (ptr < base + b.len).then_some((base, b.stream))
+            }
+        }
+    }
+
+    /// Block size of the live allocation at `base`.
+    fn block_len(&self, base: u64) -> u64 {
+        match self.large.get(&base) {
+            Some(b) => b.len,
+            None => {
+                let region = self.region_of(base).expect("ours");
+                let (id, _) = self.small_slot(region, base).expect("live");
+                self.slabs[id as usize].slot_size
+            }
+        }
+    }
+
+    // ----- reclaiming -------------------------------------------------------------------------
+
+    fn synchronize_all(&mut self) -> Result<()> {
+        self.dev.synchronize()?;
+        self.stats.num_sync_all_streams += 1;
+        let seq = self.seq;
+        for st in &mut self.streams {
+            st.safe_seq = seq;
+        }
+        self.poll_pending();
+        Ok(())
+    }
+
+    /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
+    /// with `release`, give the pool (and idle plain segments) back to the driver.
+    fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
+        self.synchronize_all()?;
+        let mut report = ReclaimReport::default();
+        for s in 0..self.streams.len() {
+            for ci in 0..self.classes.len() {
+                let cs = &mut self.streams[s].classes[ci];
+                if let Some(id) = cs.current
+                    && self.slabs[id as usize].is_empty()
+                {
+                    cs.current = None;
+                    self.dissolve_slab(id);
+                    report.slabs_released += 1;
+                }
+            }
+        }
+        while let Some((&stamp, _)) = self.idle.iter().next() {
+            let page = self.unmap_idle(stamp)?;
+            self.pool.push((page, Instant::now()));
+            report.pages_unmapped += 1;
+            report.bytes_recovered += self.page;
+        }
+        if release {
+            while let Some((page, _)) = self.pool.pop() {
+                self.release_page(page)?;
+                report.pages_released += 1;
+                report.bytes_released += self.page;
+            }
+            for id in 0..self.regions.len() as u32 {
+                let r = &self.regions[id as usize];
+                if r.plain && r.live && r.in_use == 0 {
+                    report.pages_released += r.len / self.page;
+                    report.bytes_released += r.len;
+                    self.release_plain(id)?;
+                }
+            }
+        }
+        self.update_inactive_split(Pool::Small);
+        self.update_inactive_split(Pool::Large);
+        Ok(report)
+    }
+
+    fn release_page(&mut self, page: PageHandle) -> Result<()> {
+        self.dev.release_page(page)?;
+        self.stats.segment.decrease(Pool::Large, 1);
+        self.stats
+            .reserved_bytes
+            .decrease(Pool::Large, self.page as i64);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Give a plain segment with no live block back to the driver.
+    fn release_plain(&mut self, id: u32) -> Result<()> {
+        let (base, len, s, pool) = {
+            let r = &self.regions[id as usize];
+            (r.base, r.len, r.stream, r.pool)
+        };
+        if !self.heap(s, pool).remove_region(base, len) {
+            return Ok(());
+        }
+        self.dev.free_plain(base)?;
+        self.regions[id as usize].live = false;
+        self.regions[id as usize].pages = Vec::new();
+        self.region_by_addr.retain(|&(_, r)| r != id);
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, len as i64);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Release pages idle longer than `release_idle_ms`, if their streams are done with them.
+    fn maybe_decay(&mut self) {
+        let Some(after) = self.release_idle else {
+            return;
+        };
+        let now = Instant::now();
+        if now.duration_since(self.last_decay) < after / 4 {
+            return;
+        }
+        self.last_decay = now;
+        let old: Vec<u64> = self
+            .idle
+            .iter()
+            .take_while(|(_, i)| now.duration_since(i.since) >= after)
+            .map(|(&k, _)| k)
+            .collect();
+        for stamp in old {
+            let s = self.regions[self.idle[&stamp].region as usize].stream;
+            match self.stream_done_with(s, stamp, false) {
+                Ok(true) => {}
+                _ => continue,
+            }
+            if let Ok(page) = self.unmap_idle(stamp)
+                && self.release_page(page).is_err()
+            {
+                self.pool.push((page, now));
+            }
+        }
+        let (old, keep): (Vec<_>, Vec<_>) = self
+            .pool
+            .drain(..)
+            .partition(|(_, t)| now.duration_since(*t) >= after);
+        self.pool = keep;
+        for (page, t) in old {
+            if self.release_page(page).is_err() {
+                self.pool.push((page, t));
+            }
+        }
+    }
+
+    // ----- accounting -------------------------------------------------------------------------
+
+    fn reserved(&self) -> u64 {
+        self.stats.reserved_bytes.all().current as u64
+    }
+
+    fn move_reserved(&mut self, from: Pool, to: Pool, pages: u64) {
+        let bytes = (pages * self.page) as i64;
+        self.stats.segment.decrease(from, pages as i64);
+        self.stats.reserved_bytes.decrease(from, bytes);
+        self.stats.segment.increase(to, pages as i64);
+        self.stats.reserved_bytes.increase(to, bytes);
+    }
+
+    /// Free bytes held inside pages (or slabs) that also hold live data, and how many such units.
+    fn update_inactive_split(&mut self, pool: Pool) {
+        let (bytes, count) = match pool {
+            Pool::Small => (
+                self.nonempty_slab_bytes as i64 - self.stats.active_bytes.pool(Pool::Small).current,
+                self.partial_slabs,
+            ),
+            Pool::Large => {
+                let held = (self.in_use_pages[Pool::Large as usize] * self.page) as i64;
+                let free = held - self.stats.active_bytes.pool(Pool::Large).current;
+                (
+                    free,
+                    if free > 0 {
+                        self.in_use_pages[Pool::Large as usize] as i64
+                    } else {
+                        0
+                    },
+                )
+            }
+        };
+        set_stat(&mut self.stats.inactive_split_bytes, pool, bytes);
+        set_stat(&mut self.stats.inactive_split, pool, count);
+    }
+
+    fn extras(&self) -> ArenaExtras {
+        let mut classes: Vec<ClassOccupancy> = self
+            .classes
+            .iter()
+            .map(|c| ClassOccupancy {
+                size: c.size,
+                ..Default::default()
+            })
+            .collect();
+        let mut dead = vec![false; self.slabs.len()];
+        for &id in &self.free_slab_ids {
+            dead[id as usize] = true;
+        }
+        for (slab, _) in self.slabs.iter().zip(&dead).filter(|(_, d)| !**d) {
+            let c = &mut classes[slab.class as usize];
+            c.slabs += 1;
+            c.used_slots += slab.used as u64;
+            c.total_slots += slab.slots as u64;
+        }
+        let plain_idle: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.plain && r.live)
+            .map(|r| r.pages.len() as u64 - r.in_use as u64)
+            .sum();
+        ArenaExtras {
+            device_name: self.info.name.clone(),
+            capacity: self.info.total_bytes,
+            limit: self.limit,
+            vmm: self.vmm,
+            classes,
+            pages: PageCounts {
+                page_size: self.page,
+                in_use: self.in_use_pages[1] + self.in_use_pages[2],
+                idle_mapped: self.idle.len() as u64 + plain_idle,
+                pooled: self.pool.len() as u64,
+            },
+            driver: self.dev.counters(),
+            bad_frees: self.bad_frees,
+            pending_frees: self.pending.len() as u64,
+        }
+    }
+
+    fn oom_message(&self, size: u64) -> String {
+        let (free, total) = self
+            .dev
+            .mem_get_info()
+            .unwrap_or((0, self.info.total_bytes));
+        let s = &self.stats;
+        let reserved = s.reserved_bytes.all().current as u64;
+        let allocated = s.allocated_bytes.all().current as u64;
+        let idle = self.idle.len() as u64 * self.page;
+        let pooled = self.pool.len() as u64 * self.page;
+        let split = s.inactive_split_bytes.all().current.max(0) as u64;
+        let allowed = if self.limit < total {
+            format!(
+                " Of the allowed {} (memory fraction),",
+                format_size(self.limit)
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
+             free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
+             {} cached ({} in idle mapped pages, {} in unmapped pages) and {} free inside partially \
+             used pages ({:.1}% fragmentation). Live allocations: {}.",
+            format_size(size),
+            self.info.ordinal,
+            format_size(total),
+            format_size(free),
+            format_size(reserved),
+            format_size(allocated),
+            format_size(s.requested_bytes.all().current as u64),
+            format_size(idle + pooled),
+            format_size(idle),
+            format_size(pooled),
+            format_size(split),
+            if reserved > 0 {
+                split as f64 * 100.0 / reserved as f64
+            } else {
+                0.0
+            },
+            s.allocation.all().current,
+        )
+    }
+
+    // ----- checking ---------------------------------------------------------------------------
+
+    fn check_consistency(&self) -> std::result::Result<(), String> {
+        // Pages: users match live blocks and slabs; idle list matches mapped unused pages.
+        let mut users: HashMap<(u32, u32), u32> = HashMap::new();
+        for (&addr, b) in &self.large {
+            let base = self.regions[b.region as usize].base;
+            for p in (addr - base) / self.page..=(addr + b.len - 1 - base) / self.page {
+                *users.entry((b.region, p as u32)).or_default() += 1;
+            }
+        }
+        let dead: std::collections::HashSet<u32> = self.free_slab_ids.iter().copied().collect();
+        let mut allocated = [0i64; 3];
+        let mut requested = [0i64; 3];
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            let pages = self.classes.get(slab.class as usize).pages as u32;
+            for p in slab.first_page..slab.first_page + pages {
+                *users.entry((slab.region, p)).or_default() += 1;
+            }
+        }
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            for (pi, slot) in r.pages.iter().enumerate() {
+                let want = users.get(&(ri as u32, pi as u32)).copied().unwrap_or(0);
+                if slot.users != want {
+                    return Err(format!(
+                        "region {ri} page {pi}: {} users recorded, {want} found",
+                        slot.users
+                    ));
+                }
+                if want > 0 && !r.plain && slot.phys.is_none() {
+                    return Err(format!("region {ri} page {pi} is used but not mapped"));
+                }
+                let idle = !r.plain && want == 0 && slot.phys.is_some();
+                if idle != (slot.idle_stamp != 0)
+                    || (idle && !self.idle.contains_key(&slot.idle_stamp))
+                {
+                    return Err(format!("region {ri} page {pi}: idle list out of step"));
+                }
+            }
+        }
+        for b in self.large.values().filter(|b| !b.pending) {
+            allocated[2] += b.len as i64;
+            requested[2] += b.requested as i64;
+        }
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            for slot in 0..slab.slots as usize {
+                let ptr = slab.base + slot as u64 * slab.slot_size;
+                if slab.live_slot(ptr).is_some() && !self.pending_ptrs.contains_key(&ptr) {
+                    allocated[1] += slab.slot_size as i64;
+                    requested[1] += slab.requested(slot) as i64;
+                }
+            }
+        }
+        for pool in [Pool::Small, Pool::Large] {
+            let i = pool as usize;
+            if self.stats.allocated_bytes.pool(pool).current != allocated[i] {
+                return Err(format!(
+                    "{pool:?}: allocated_bytes {} but live blocks sum to {}",
+                    self.stats.allocated_bytes.pool(pool).current,
+                    allocated[i]
+                ));
+            }
+            if self.stats.requested_bytes.pool(pool).current != requested[i] {
+                return Err(format!(
+                    "{pool:?}: requested_bytes {} but live requests sum to {}",
+                    self.stats.requested_bytes.pool(pool).current,
+                    requested[i]
+                ));
+            }
+        }
+        // Reserved = physical pages held.
+        let mapped: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.live && !r.plain)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.phys.is_some())
+            .count() as u64;
+        let plain: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.live && r.plain)
+            .map(|r| r.len)
+            .sum();
+        let held = (mapped + self.pool.len() as u64) * self.page + plain;
+        if self.reserved() != held {
+            return Err(format!(
+                "reserved_bytes {} but {} bytes of pages are held",
+                self.reserved(),
+                held
+            ));
+        }
+        if self.reserved() > self.limit {
+            return Err(format!(
+                "reserved_bytes {} over the limit {}",
+                self.reserved(),
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[inline]
+fn partial(used: u32, slots: u32) -> i64 {
+    (used > 0 && used < slots) as i64
+}
+
+#[inline]
+fn bucket_of(used: u32, slots: u32) -> u8 {
+    ((used as u64 * BUCKETS as u64) / slots as u64).min(BUCKETS as u64 - 1) as u8
+}
+
+/// Set a derived statistic's current value, keeping peak and totals in step.
+fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
+    let delta = value - arr.pool(pool).current;
+    if delta > 0 {
+        arr.increase(pool, delta);
+    } else if delta < 0 {
+        arr.decrease(pool, -delta);
+    }
+}
+
+/// PyTorch's `format_size`: "512 bytes", "1.50 KiB", "20.00 MiB", "3.25 GiB".
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.2} {}", UNITS[i])
 }

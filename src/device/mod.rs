@@ -110,7 +110,11 @@ pub enum DeviceError {
     /// No usable driver: the library is missing, is a stub, or failed to initialise.
     NoDriver(String),
     /// Any other driver error: the call that failed and what the driver said.
-    Driver { call: &'static str, code: i32, message: String },
+    Driver {
+        call: &'static str,
+        code: i32,
+        message: String,
+    },
     /// The caller broke the device contract (e.g. unmapping a range that is not mapped).
     Misuse(String),
 }
@@ -120,7 +124,11 @@ impl fmt::Display for DeviceError {
         match self {
             DeviceError::OutOfMemory => write!(f, "device out of memory"),
             DeviceError::NoDriver(why) => write!(f, "no usable CUDA driver: {why}"),
-            DeviceError::Driver { call, code, message } => {
+            DeviceError::Driver {
+                call,
+                code,
+                message,
+            } => {
                 write!(f, "{call} failed with CUDA error {code}: {message}")
             }
             DeviceError::Misuse(what) => write!(f, "device misuse: {what}"),

@@ -3,6 +3,7 @@
 //! The arena keeps one [`DeviceStats`] per device, beside the structures it counts, and updates it
 //! under its own lock. Pools: `small_pool` = size-class slabs, `large_pool` = page ranges.
 
+pub mod keys;
 pub mod summary;
 
 /// Index into a [`StatArray`]: the order of PyTorch's `StatType` (AGGREGATE, SMALL_POOL, LARGE_POOL).
@@ -120,7 +121,10 @@ pub struct DeviceStats {
 
 impl DeviceStats {
     pub fn new() -> Self {
-        DeviceStats { max_split_size: i64::MAX, ..Default::default() }
+        DeviceStats {
+            max_split_size: i64::MAX,
+            ..Default::default()
+        }
     }
 
     fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
