@@ -26,7 +26,10 @@ fn main() {
             .compile("torch_arena_shim");
         let map = manifest.join("cpp_shim/exports.map");
         println!("cargo:rerun-if-changed={}", map.display());
-        println!("cargo:rustc-link-arg-cdylib=-Wl,--version-script={}", map.display());
+        println!(
+            "cargo:rustc-link-arg-cdylib=-Wl,--version-script={}",
+            map.display()
+        );
     }
 
     // 2. The fake CUDA driver, a shared library whose SONAME is libcuda.so.1.
@@ -64,7 +67,8 @@ fn main() {
 }
 
 fn run(cmd: &mut Command) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("could not run {cmd:?}: {e}"));
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {cmd:?}: {e}"));
     assert!(status.success(), "build step failed: {cmd:?}");
 }
-
