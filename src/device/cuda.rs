@@ -1,28 +1,889 @@
-//! The CUDA driver device (stub: being written).
+//! The CUDA driver device: [`CudaDevice`] implements [`Device`] with the CUDA driver API.
+//!
+//! This file owns everything that touches `libcuda`: loading it, initialising the driver once per
+//! process, the primary context of each device, and the translation of driver results into
+//! [`DeviceError`]s. Nothing else in the crate calls the driver.
+//!
+//! Invariants:
+//! - **Never panic, never unwind into C.** Every `cudarc::driver::sys::cu*` wrapper panics when the
+//!   library or the symbol is missing, and its return type is a Rust enum, so a result code the
+//!   bindings do not list (a newer driver may add some) would be undefined behaviour. We therefore
+//!   use cudarc only to find and load the library (`sys::is_culib_present`, `sys::culib`, with its
+//!   list of candidate names) and for the C types (`CUmemAllocationProp`, `CUcontext`, ...), and
+//!   resolve each entry point ourselves, once, into a function pointer that returns the raw `int`.
+//!   A missing required symbol is an error at init, a missing optional one a fallback. The init
+//!   runs under `catch_unwind` as well, in case the loader itself panics.
+//! - **The driver is loaded at run time**, never linked: a machine without a GPU (CI, the replay
+//!   CLI) loads this crate fine and gets [`DeviceError::NoDriver`] from [`CudaDevice::open`], with
+//!   a hint to use `TORCH_ARENA_CONF=device:sim`. The init result (success or that error) is
+//!   computed once and reused by every later `open`. A toolkit *stub* `libcuda.so` (every call
+//!   returns `CUDA_ERROR_STUB_LIBRARY`, 34) is caught by `cuInit`/`cuDriverGetVersion` and is
+//!   also `NoDriver`.
+//! - **The device's primary context is current for every driver call.** PyTorch calls the hooks from
+//!   any thread, which may have no current context or another device's. Each method makes our
+//!   primary context current if it is not, and puts the thread's previous context back when the
+//!   call is done (so PyTorch's idea of the current device is never changed behind its back). The
+//!   primary context is the one the CUDA runtime, hence PyTorch, uses, so pointers are shared.
+//!   It is retained in `open` and released in `Drop`.
+//! - Every driver-like call of the [`Device`] trait is counted in [`DriverCounters`], failed calls
+//!   included (one count per driver call made), so the counters can be checked against the fake
+//!   driver's own counts in tests.
+//!
+//! Why the `cuda-12080` bindings: with dynamic loading the feature only picks the Rust types and
+//! the symbol names; every name we resolve (`cuMemAlloc_v2`, `cuMemGetInfo_v2`,
+//! `cuEventDestroy_v2`, `cuDevicePrimaryCtxRelease_v2`, the VMM calls) exists in CUDA 12.x drivers
+//! and in driver 580 (CUDA 13.0), which keeps the 12.x entry points. 13.2+ bindings turn
+//! `CUmemLocation` into a union, and the "from build system" feature needs `nvcc` at build time.
+//!
+//! Tests drive this file without a GPU through a fake `libcuda.so.1` (`tests/fixtures/fakecuda.c`,
+//! built by `build.rs`), see `tests/cuda_device.rs`.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::sys;
+
 use super::*;
-pub struct CudaDevice;
-impl CudaDevice {
-    pub fn open(_ordinal: i32) -> DeviceResult<CudaDevice> { Err(DeviceError::NoDriver("stub".into())) }
-}
-impl Device for CudaDevice {
-    fn info(&self) -> &DeviceInfo { unreachable_info() }
-    fn mem_get_info(&self) -> DeviceResult<(u64, u64)> { Ok((0, 0)) }
-    fn reserve(&self, _s: u64, _a: u64) -> DeviceResult<DevPtr> { Err(DeviceError::OutOfMemory) }
-    fn free_address(&self, _v: DevPtr, _s: u64) -> DeviceResult<()> { Ok(()) }
-    fn create_page(&self, _s: u64) -> DeviceResult<PageHandle> { Err(DeviceError::OutOfMemory) }
-    fn release_page(&self, _p: PageHandle) -> DeviceResult<()> { Ok(()) }
-    fn map(&self, _v: DevPtr, _s: u64, _p: PageHandle) -> DeviceResult<()> { Ok(()) }
-    fn unmap(&self, _v: DevPtr, _s: u64) -> DeviceResult<()> { Ok(()) }
-    fn alloc_plain(&self, _s: u64) -> DeviceResult<DevPtr> { Err(DeviceError::OutOfMemory) }
-    fn free_plain(&self, _p: DevPtr) -> DeviceResult<()> { Ok(()) }
-    fn create_event(&self) -> DeviceResult<EventHandle> { Ok(EventHandle(1)) }
-    fn destroy_event(&self, _e: EventHandle) -> DeviceResult<()> { Ok(()) }
-    fn record_event(&self, _e: EventHandle, _s: StreamId) -> DeviceResult<()> { Ok(()) }
-    fn query_event(&self, _e: EventHandle) -> DeviceResult<bool> { Ok(true) }
-    fn synchronize_event(&self, _e: EventHandle) -> DeviceResult<()> { Ok(()) }
-    fn synchronize_stream(&self, _s: StreamId) -> DeviceResult<()> { Ok(()) }
-    fn synchronize(&self) -> DeviceResult<()> { Ok(()) }
-    fn counters(&self) -> DriverCounters { DriverCounters::default() }
+
+/// A raw `CUresult`. Kept as an integer: see the module invariants.
+type CuResult = c_int;
+
+const CUDA_SUCCESS: CuResult = 0;
+const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+const CUDA_ERROR_STUB_LIBRARY: CuResult = 34;
+const CUDA_ERROR_NOT_READY: CuResult = 600;
+
+/// Used when the driver reports no granularity (VMM unsupported): the usual 2 MiB.
+const DEFAULT_GRANULARITY: u64 = 2 << 20;
+
+/// A few result names, for when `cuGetErrorName` itself fails (a stub library) or is missing.
+const KNOWN_ERRORS: &[(CuResult, &str)] = &[
+    (1, "CUDA_ERROR_INVALID_VALUE"),
+    (2, "CUDA_ERROR_OUT_OF_MEMORY"),
+    (3, "CUDA_ERROR_NOT_INITIALIZED"),
+    (4, "CUDA_ERROR_DEINITIALIZED"),
+    (34, "CUDA_ERROR_STUB_LIBRARY"),
+    (35, "CUDA_ERROR_INSUFFICIENT_DRIVER"),
+    (36, "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER"),
+    (46, "CUDA_ERROR_DEVICES_UNAVAILABLE"),
+    (100, "CUDA_ERROR_NO_DEVICE"),
+    (101, "CUDA_ERROR_INVALID_DEVICE"),
+    (201, "CUDA_ERROR_INVALID_CONTEXT"),
+    (304, "CUDA_ERROR_OPERATING_SYSTEM"),
+    (400, "CUDA_ERROR_INVALID_HANDLE"),
+    (600, "CUDA_ERROR_NOT_READY"),
+    (709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+    (801, "CUDA_ERROR_NOT_SUPPORTED"),
+    (999, "CUDA_ERROR_UNKNOWN"),
+];
+
+// ---- the driver entry points ------------------------------------------------------------------
+
+type FnInt = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type FnErrStr = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+
+/// The virtual memory management calls (CUDA 10.2+). All or none.
+struct VmmApi {
+    address_reserve: unsafe extern "C" fn(
+        *mut sys::CUdeviceptr,
+        usize,
+        usize,
+        sys::CUdeviceptr,
+        u64,
+    ) -> CuResult,
+    address_free: unsafe extern "C" fn(sys::CUdeviceptr, usize) -> CuResult,
+    create: unsafe extern "C" fn(
+        *mut sys::CUmemGenericAllocationHandle,
+        usize,
+        *const sys::CUmemAllocationProp,
+        u64,
+    ) -> CuResult,
+    release: unsafe extern "C" fn(sys::CUmemGenericAllocationHandle) -> CuResult,
+    map: unsafe extern "C" fn(
+        sys::CUdeviceptr,
+        usize,
+        usize,
+        sys::CUmemGenericAllocationHandle,
+        u64,
+    ) -> CuResult,
+    set_access: unsafe extern "C" fn(
+        sys::CUdeviceptr,
+        usize,
+        *const sys::CUmemAccessDesc,
+        usize,
+    ) -> CuResult,
+    unmap: unsafe extern "C" fn(sys::CUdeviceptr, usize) -> CuResult,
+    granularity: unsafe extern "C" fn(
+        *mut usize,
+        *const sys::CUmemAllocationProp,
+        sys::CUmemAllocationGranularity_flags,
+    ) -> CuResult,
 }
 
-fn unreachable_info() -> &'static DeviceInfo { unimplemented!() }
+/// Every entry point we call, resolved once from the library cudarc loaded.
+struct Api {
+    device_get: unsafe extern "C" fn(*mut sys::CUdevice, c_int) -> CuResult,
+    device_get_count: FnInt,
+    device_get_name: Option<unsafe extern "C" fn(*mut c_char, c_int, sys::CUdevice) -> CuResult>,
+    device_total_mem: Option<unsafe extern "C" fn(*mut usize, sys::CUdevice) -> CuResult>,
+    /// The attribute is passed as a plain int, so no enum value can be out of range.
+    device_get_attribute:
+        Option<unsafe extern "C" fn(*mut c_int, c_int, sys::CUdevice) -> CuResult>,
+    primary_ctx_retain: unsafe extern "C" fn(*mut sys::CUcontext, sys::CUdevice) -> CuResult,
+    primary_ctx_release: unsafe extern "C" fn(sys::CUdevice) -> CuResult,
+    ctx_get_current: unsafe extern "C" fn(*mut sys::CUcontext) -> CuResult,
+    ctx_set_current: unsafe extern "C" fn(sys::CUcontext) -> CuResult,
+    ctx_synchronize: unsafe extern "C" fn() -> CuResult,
+    mem_alloc: unsafe extern "C" fn(*mut sys::CUdeviceptr, usize) -> CuResult,
+    mem_free: unsafe extern "C" fn(sys::CUdeviceptr) -> CuResult,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult,
+    event_create: unsafe extern "C" fn(*mut sys::CUevent, c_uint) -> CuResult,
+    event_destroy: unsafe extern "C" fn(sys::CUevent) -> CuResult,
+    event_record: unsafe extern "C" fn(sys::CUevent, sys::CUstream) -> CuResult,
+    event_query: unsafe extern "C" fn(sys::CUevent) -> CuResult,
+    event_synchronize: unsafe extern "C" fn(sys::CUevent) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(sys::CUstream) -> CuResult,
+    get_error_name: Option<FnErrStr>,
+    get_error_string: Option<FnErrStr>,
+    vmm: Option<VmmApi>,
+}
+
+/// The initialised driver, shared by every [`CudaDevice`] of the process.
+struct Driver {
+    api: Api,
+    version: i32,
+}
+
+/// Looks `name` (NUL-terminated) up in the library cudarc loaded. `None` when it is absent.
+///
+/// # Safety
+/// `T` must be the function pointer type of the symbol's C signature, and the library must have
+/// been found (`sys::is_culib_present`), otherwise `sys::culib` panics.
+unsafe fn symbol<T: Copy>(name: &'static [u8]) -> Option<T> {
+    debug_assert_eq!(name.last(), Some(&0));
+    // SAFETY: the caller guarantees T matches the symbol; the library lives for the whole process
+    // (cudarc keeps it in a static and never closes it), so the pointer stays valid.
+    unsafe { sys::culib().get::<T>(name).ok().map(|s| *s) }
+}
+
+/// A required symbol, or a `NoDriver` error naming it.
+macro_rules! required {
+    ($name:literal) => {
+        // SAFETY: the field's type spells out the C signature of the named entry point.
+        match unsafe { symbol(concat!($name, "\0").as_bytes()) } {
+            Some(f) => f,
+            None => {
+                return Err(DeviceError::NoDriver(format!(
+                    "the loaded libcuda has no {} entry point: the NVIDIA driver is too old or not a \
+                     driver (CUDA 12 or newer is needed)",
+                    $name
+                )));
+            }
+        }
+    };
+}
+
+/// An optional symbol.
+macro_rules! optional {
+    ($name:literal) => {
+        // SAFETY: as for `required!`.
+        unsafe { symbol(concat!($name, "\0").as_bytes()) }
+    };
+}
+
+fn error_name(get_name: Option<FnErrStr>, code: CuResult) -> String {
+    if let Some(f) = get_name {
+        let mut s: *const c_char = ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string or fails.
+        if unsafe { f(code, &mut s) } == CUDA_SUCCESS && !s.is_null() {
+            // SAFETY: checked non-null; the driver's strings are static and NUL-terminated.
+            return unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+        }
+    }
+    match KNOWN_ERRORS.iter().find(|(c, _)| *c == code) {
+        Some((_, n)) => (*n).to_string(),
+        None => format!("CUDA_ERROR_{code}"),
+    }
+}
+
+fn error_text(get_string: Option<FnErrStr>, code: CuResult) -> Option<String> {
+    let f = get_string?;
+    let mut s: *const c_char = ptr::null();
+    // SAFETY: as in `error_name`.
+    if unsafe { f(code, &mut s) } == CUDA_SUCCESS && !s.is_null() {
+        // SAFETY: as in `error_name`.
+        return Some(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned());
+    }
+    None
+}
+
+/// "CUDA_ERROR_X: text" for `code`, using the driver's strings where it can.
+fn describe(get_name: Option<FnErrStr>, get_string: Option<FnErrStr>, code: CuResult) -> String {
+    let name = error_name(get_name, code);
+    match error_text(get_string, code) {
+        Some(text) => format!("{name}: {text}"),
+        None => name,
+    }
+}
+
+fn no_driver_at_init(
+    call: &str,
+    code: CuResult,
+    get_name: Option<FnErrStr>,
+    get_string: Option<FnErrStr>,
+) -> DeviceError {
+    let mut why = format!(
+        "{call} failed with CUDA error {code} ({})",
+        describe(get_name, get_string, code)
+    );
+    if code == CUDA_ERROR_STUB_LIBRARY {
+        why.push_str(
+            ": the libcuda found first is the CUDA toolkit's stub (e.g. .../lib64/stubs/libcuda.so on \
+             LD_LIBRARY_PATH), not the NVIDIA driver; remove the stubs directory from the library path",
+        );
+    }
+    why.push_str("; use TORCH_ARENA_CONF=device:sim to run without a GPU");
+    DeviceError::NoDriver(why)
+}
+
+impl Driver {
+    /// Loads the library, resolves the entry points, runs `cuInit(0)` and `cuDriverGetVersion`.
+    fn load() -> DeviceResult<Driver> {
+        // SAFETY: is_culib_present only tries to dlopen the candidate names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(DeviceError::NoDriver(
+                "libcuda.so.1 not found: no NVIDIA driver library is on the library search path \
+                 (tried libcuda.so, libcuda.so.1 and the other names cudarc knows); install the \
+                 NVIDIA driver, or use TORCH_ARENA_CONF=device:sim"
+                    .into(),
+            ));
+        }
+        let get_error_name: Option<FnErrStr> = optional!("cuGetErrorName");
+        let get_error_string: Option<FnErrStr> = optional!("cuGetErrorString");
+        let init: unsafe extern "C" fn(c_uint) -> CuResult = required!("cuInit");
+        let driver_get_version: FnInt = required!("cuDriverGetVersion");
+
+        // SAFETY: plain driver calls with valid arguments.
+        let rc = unsafe { init(0) };
+        if rc != CUDA_SUCCESS {
+            return Err(no_driver_at_init(
+                "cuInit(0)",
+                rc,
+                get_error_name,
+                get_error_string,
+            ));
+        }
+        let mut version: c_int = 0;
+        // SAFETY: as above.
+        let rc = unsafe { driver_get_version(&mut version) };
+        if rc != CUDA_SUCCESS {
+            return Err(no_driver_at_init(
+                "cuDriverGetVersion",
+                rc,
+                get_error_name,
+                get_error_string,
+            ));
+        }
+
+        let vmm = match (
+            optional!("cuMemAddressReserve"),
+            optional!("cuMemAddressFree"),
+            optional!("cuMemCreate"),
+            optional!("cuMemRelease"),
+            optional!("cuMemMap"),
+            optional!("cuMemSetAccess"),
+            optional!("cuMemUnmap"),
+            optional!("cuMemGetAllocationGranularity"),
+        ) {
+            (
+                Some(address_reserve),
+                Some(address_free),
+                Some(create),
+                Some(release),
+                Some(map),
+                Some(set_access),
+                Some(unmap),
+                Some(granularity),
+            ) => Some(VmmApi {
+                address_reserve,
+                address_free,
+                create,
+                release,
+                map,
+                set_access,
+                unmap,
+                granularity,
+            }),
+            _ => None,
+        };
+
+        let api = Api {
+            device_get: required!("cuDeviceGet"),
+            device_get_count: required!("cuDeviceGetCount"),
+            device_get_name: optional!("cuDeviceGetName"),
+            device_total_mem: optional!("cuDeviceTotalMem_v2"),
+            device_get_attribute: optional!("cuDeviceGetAttribute"),
+            primary_ctx_retain: required!("cuDevicePrimaryCtxRetain"),
+            primary_ctx_release: required!("cuDevicePrimaryCtxRelease_v2"),
+            ctx_get_current: required!("cuCtxGetCurrent"),
+            ctx_set_current: required!("cuCtxSetCurrent"),
+            ctx_synchronize: required!("cuCtxSynchronize"),
+            mem_alloc: required!("cuMemAlloc_v2"),
+            mem_free: required!("cuMemFree_v2"),
+            mem_get_info: required!("cuMemGetInfo_v2"),
+            event_create: required!("cuEventCreate"),
+            event_destroy: required!("cuEventDestroy_v2"),
+            event_record: required!("cuEventRecord"),
+            event_query: required!("cuEventQuery"),
+            event_synchronize: required!("cuEventSynchronize"),
+            stream_synchronize: required!("cuStreamSynchronize"),
+            get_error_name,
+            get_error_string,
+            vmm,
+        };
+        Ok(Driver { api, version })
+    }
+
+    /// The process-wide driver: initialised by the first call, the result reused afterwards.
+    fn get() -> DeviceResult<&'static Driver> {
+        static DRIVER: OnceLock<DeviceResult<Driver>> = OnceLock::new();
+        DRIVER
+            .get_or_init(|| {
+                catch_unwind(AssertUnwindSafe(Driver::load)).unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)");
+                    Err(DeviceError::NoDriver(format!(
+                        "loading libcuda failed: {what}; install the NVIDIA driver, or use \
+                         TORCH_ARENA_CONF=device:sim"
+                    )))
+                })
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn describe(&self, code: CuResult) -> String {
+        describe(self.api.get_error_name, self.api.get_error_string, code)
+    }
+
+    fn error(&self, call: &'static str, code: CuResult) -> DeviceError {
+        DeviceError::Driver {
+            call,
+            code,
+            message: self.describe(code),
+        }
+    }
+
+    fn check(&self, call: &'static str, code: CuResult) -> DeviceResult<()> {
+        if code == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.error(call, code))
+        }
+    }
+
+    /// Like `check`, but CUDA_ERROR_OUT_OF_MEMORY becomes [`DeviceError::OutOfMemory`].
+    fn check_alloc(&self, call: &'static str, code: CuResult) -> DeviceResult<()> {
+        match code {
+            CUDA_SUCCESS => Ok(()),
+            CUDA_ERROR_OUT_OF_MEMORY => Err(DeviceError::OutOfMemory),
+            _ => Err(self.error(call, code)),
+        }
+    }
+}
+
+/// The driver version (e.g. 12080, 13000), initialising the driver if needed. An error says why
+/// no driver is usable.
+pub fn driver_version() -> DeviceResult<i32> {
+    Driver::get().map(|d| d.version)
+}
+
+// ---- counters ---------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Counters {
+    address_reserve: AtomicU64,
+    address_free: AtomicU64,
+    mem_create: AtomicU64,
+    mem_release: AtomicU64,
+    mem_map: AtomicU64,
+    mem_unmap: AtomicU64,
+    set_access: AtomicU64,
+    mem_alloc: AtomicU64,
+    mem_free: AtomicU64,
+    event_create: AtomicU64,
+    event_destroy: AtomicU64,
+    event_record: AtomicU64,
+    event_query: AtomicU64,
+    event_synchronize: AtomicU64,
+    stream_synchronize: AtomicU64,
+    device_synchronize: AtomicU64,
+    mem_get_info: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> DriverCounters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        DriverCounters {
+            address_reserve: g(&self.address_reserve),
+            address_free: g(&self.address_free),
+            mem_create: g(&self.mem_create),
+            mem_release: g(&self.mem_release),
+            mem_map: g(&self.mem_map),
+            mem_unmap: g(&self.mem_unmap),
+            set_access: g(&self.set_access),
+            mem_alloc: g(&self.mem_alloc),
+            mem_free: g(&self.mem_free),
+            event_create: g(&self.event_create),
+            event_destroy: g(&self.event_destroy),
+            event_record: g(&self.event_record),
+            event_query: g(&self.event_query),
+            event_synchronize: g(&self.event_synchronize),
+            stream_synchronize: g(&self.stream_synchronize),
+            device_synchronize: g(&self.device_synchronize),
+            mem_get_info: g(&self.mem_get_info),
+        }
+    }
+}
+
+// ---- the device -------------------------------------------------------------------------------
+
+/// One CUDA device, seen through its primary context. Thread-safe.
+pub struct CudaDevice {
+    drv: &'static Driver,
+    device: sys::CUdevice,
+    /// The retained primary context (`CUcontext` as an integer, so the struct is Send + Sync).
+    ctx: usize,
+    info: DeviceInfo,
+    counters: Counters,
+}
+
+/// Puts the thread's previous context back when a call that had to switch is done.
+struct CtxGuard {
+    restore: Option<(unsafe extern "C" fn(sys::CUcontext) -> CuResult, usize)>,
+}
+
+impl Drop for CtxGuard {
+    fn drop(&mut self) {
+        if let Some((set_current, prev)) = self.restore {
+            // SAFETY: `prev` was the thread's current context (or null) a moment ago.
+            let rc = unsafe { set_current(prev as sys::CUcontext) };
+            if rc != CUDA_SUCCESS {
+                tracing::warn!(
+                    code = rc,
+                    "cuCtxSetCurrent could not restore the previous context"
+                );
+            }
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`: initialises the driver (once per process), retains the device's
+    /// primary context and reads the [`DeviceInfo`].
+    ///
+    /// Errors: [`DeviceError::NoDriver`] when no usable driver is loaded (library missing, toolkit
+    /// stub, `cuInit` failure), [`DeviceError::Driver`] for a bad ordinal or a failing query.
+    pub fn open(ordinal: i32) -> DeviceResult<CudaDevice> {
+        let drv = Driver::get()?;
+        let api = &drv.api;
+
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: plain driver call; `device` is a valid out pointer.
+        let rc = unsafe { (api.device_get)(&mut device, ordinal) };
+        if rc != CUDA_SUCCESS {
+            let mut count: c_int = 0;
+            // SAFETY: as above.
+            let count_rc = unsafe { (api.device_get_count)(&mut count) };
+            let count = if count_rc == CUDA_SUCCESS {
+                format!("cuDeviceGetCount reports {count} device(s), numbered 0..{count}")
+            } else {
+                format!("cuDeviceGetCount failed too ({})", drv.describe(count_rc))
+            };
+            return Err(DeviceError::Driver {
+                call: "cuDeviceGet",
+                code: rc,
+                message: format!(
+                    "no CUDA device with ordinal {ordinal}: {count} ({})",
+                    drv.describe(rc)
+                ),
+            });
+        }
+
+        let mut ctx: sys::CUcontext = ptr::null_mut();
+        // SAFETY: as above.
+        drv.check("cuDevicePrimaryCtxRetain", unsafe {
+            (api.primary_ctx_retain)(&mut ctx, device)
+        })?;
+        // From here on, dropping `dev` releases the context, also on the error paths below.
+        let mut dev = CudaDevice {
+            drv,
+            device,
+            ctx: ctx as usize,
+            info: DeviceInfo {
+                ordinal,
+                name: String::new(),
+                total_bytes: 0,
+                granularity: DEFAULT_GRANULARITY,
+                vmm: false,
+            },
+            counters: Counters::default(),
+        };
+        dev.info = dev.read_info(ordinal)?;
+        Ok(dev)
+    }
+
+    fn read_info(&self, ordinal: i32) -> DeviceResult<DeviceInfo> {
+        let api = &self.drv.api;
+        let _ctx = self.ctx()?;
+
+        let name = api
+            .device_get_name
+            .and_then(|f| {
+                let mut buf = [0 as c_char; 256];
+                // SAFETY: the buffer holds `len` bytes; the driver NUL-terminates within it.
+                let rc = unsafe { f(buf.as_mut_ptr(), buf.len() as c_int - 1, self.device) };
+                (rc == CUDA_SUCCESS).then(|| {
+                    // SAFETY: the last byte was never written, so the string is NUL-terminated.
+                    unsafe { CStr::from_ptr(buf.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            })
+            .unwrap_or_else(|| format!("CUDA device {ordinal}"));
+
+        let total_bytes = match api.device_total_mem {
+            Some(f) => {
+                let mut bytes = 0usize;
+                // SAFETY: plain driver call.
+                self.drv
+                    .check("cuDeviceTotalMem_v2", unsafe { f(&mut bytes, self.device) })?;
+                bytes as u64
+            }
+            None => self.mem_get_info()?.1,
+        };
+
+        let vmm_attribute = api.device_get_attribute.and_then(|f| {
+            let mut value: c_int = 0;
+            let attr =
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+                    as c_int;
+            // SAFETY: plain driver call.
+            (unsafe { f(&mut value, attr, self.device) } == CUDA_SUCCESS).then_some(value != 0)
+        });
+        let mut vmm = api.vmm.is_some() && vmm_attribute.unwrap_or(false);
+
+        let mut granularity = DEFAULT_GRANULARITY;
+        if let (true, Some(v)) = (vmm, &api.vmm) {
+            let prop = self.alloc_prop();
+            let mut g = 0usize;
+            // SAFETY: `prop` is a valid allocation property for this device.
+            let rc = unsafe {
+                (v.granularity)(
+                    &mut g,
+                    &prop,
+                    sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                )
+            };
+            if rc == CUDA_SUCCESS && g.is_power_of_two() {
+                granularity = g as u64;
+            } else {
+                tracing::warn!(
+                    code = rc,
+                    granularity = g,
+                    "cuMemGetAllocationGranularity failed; using plain cuMemAlloc segments"
+                );
+                vmm = false;
+            }
+        }
+
+        Ok(DeviceInfo {
+            ordinal,
+            name,
+            total_bytes,
+            granularity,
+            vmm,
+        })
+    }
+
+    /// The driver version the process runs with (e.g. 13000).
+    pub fn driver_version(&self) -> i32 {
+        self.drv.version
+    }
+
+    /// The device's primary context, as an integer (`CUcontext`).
+    pub fn context(&self) -> usize {
+        self.ctx
+    }
+
+    /// Makes the primary context current on the calling thread if it is not, until the returned
+    /// guard is dropped (which restores the previous one).
+    fn ctx(&self) -> DeviceResult<CtxGuard> {
+        let api = &self.drv.api;
+        let mut cur: sys::CUcontext = ptr::null_mut();
+        // SAFETY: plain driver call.
+        self.drv.check("cuCtxGetCurrent", unsafe {
+            (api.ctx_get_current)(&mut cur)
+        })?;
+        if cur as usize == self.ctx {
+            return Ok(CtxGuard { restore: None });
+        }
+        // SAFETY: our retained primary context.
+        self.drv.check("cuCtxSetCurrent", unsafe {
+            (api.ctx_set_current)(self.ctx as sys::CUcontext)
+        })?;
+        Ok(CtxGuard {
+            restore: Some((api.ctx_set_current, cur as usize)),
+        })
+    }
+
+    fn vmm_api(&self, call: &str) -> DeviceResult<&VmmApi> {
+        match (&self.drv.api.vmm, self.info.vmm) {
+            (Some(v), true) => Ok(v),
+            _ => Err(DeviceError::Misuse(format!(
+                "{call} called on CUDA device {} which has no virtual memory management support; \
+                 use alloc_plain",
+                self.info.ordinal
+            ))),
+        }
+    }
+
+    /// Pinned device memory on this device, no shareable handle.
+    fn alloc_prop(&self) -> sys::CUmemAllocationProp {
+        sys::CUmemAllocationProp {
+            type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device,
+            },
+            win32HandleMetaData: ptr::null_mut::<c_void>(),
+            allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+        }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `open`.
+        let rc = unsafe { (self.drv.api.primary_ctx_release)(self.device) };
+        if rc != CUDA_SUCCESS {
+            tracing::warn!(
+                device = self.info.ordinal,
+                error = %self.drv.describe(rc),
+                "cuDevicePrimaryCtxRelease_v2 failed"
+            );
+        }
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_get_info(&self) -> DeviceResult<(u64, u64)> {
+        let _ctx = self.ctx()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        bump(&self.counters.mem_get_info);
+        // SAFETY: plain driver call.
+        self.drv.check("cuMemGetInfo_v2", unsafe {
+            (self.drv.api.mem_get_info)(&mut free, &mut total)
+        })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn reserve(&self, size: u64, align: u64) -> DeviceResult<DevPtr> {
+        let v = self.vmm_api("reserve")?;
+        let _ctx = self.ctx()?;
+        let mut va: sys::CUdeviceptr = 0;
+        bump(&self.counters.address_reserve);
+        // SAFETY: plain driver call.
+        let rc = unsafe { (v.address_reserve)(&mut va, size as usize, align as usize, 0, 0) };
+        self.drv.check("cuMemAddressReserve", rc)?;
+        Ok(va)
+    }
+
+    fn free_address(&self, va: DevPtr, size: u64) -> DeviceResult<()> {
+        let v = self.vmm_api("free_address")?;
+        let _ctx = self.ctx()?;
+        bump(&self.counters.address_free);
+        // SAFETY: plain driver call; the driver validates the range.
+        self.drv.check("cuMemAddressFree", unsafe {
+            (v.address_free)(va, size as usize)
+        })
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        let v = self.vmm_api("create_page")?;
+        let _ctx = self.ctx()?;
+        let prop = self.alloc_prop();
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        bump(&self.counters.mem_create);
+        // SAFETY: `prop` is valid for this device.
+        let rc = unsafe { (v.create)(&mut handle, size as usize, &prop, 0) };
+        self.drv.check_alloc("cuMemCreate", rc)?;
+        Ok(PageHandle(handle))
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        let v = self.vmm_api("release_page")?;
+        let _ctx = self.ctx()?;
+        bump(&self.counters.mem_release);
+        // SAFETY: plain driver call; the driver validates the handle.
+        self.drv
+            .check("cuMemRelease", unsafe { (v.release)(page.0) })
+    }
+
+    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let v = self.vmm_api("map")?;
+        let _ctx = self.ctx()?;
+        bump(&self.counters.mem_map);
+        // SAFETY: plain driver call; the driver validates the range and the handle.
+        self.drv.check("cuMemMap", unsafe {
+            (v.map)(va, size as usize, 0, page.0, 0)
+        })?;
+
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        bump(&self.counters.set_access);
+        // SAFETY: one valid access descriptor.
+        let rc = unsafe { (v.set_access)(va, size as usize, &access, 1) };
+        if rc != CUDA_SUCCESS {
+            // Leave nothing half done: the range goes back to reserved-but-unmapped.
+            bump(&self.counters.mem_unmap);
+            // SAFETY: the range was mapped just above.
+            let undo = unsafe { (v.unmap)(va, size as usize) };
+            if undo != CUDA_SUCCESS {
+                tracing::error!(
+                    va,
+                    size,
+                    error = %self.drv.describe(undo),
+                    "cuMemUnmap failed while undoing a mapping whose cuMemSetAccess failed"
+                );
+            }
+            return Err(self.drv.error("cuMemSetAccess", rc));
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {
+        let v = self.vmm_api("unmap")?;
+        let _ctx = self.ctx()?;
+        bump(&self.counters.mem_unmap);
+        // SAFETY: plain driver call; the driver validates the range.
+        self.drv
+            .check("cuMemUnmap", unsafe { (v.unmap)(va, size as usize) })
+    }
+
+    fn alloc_plain(&self, size: u64) -> DeviceResult<DevPtr> {
+        let _ctx = self.ctx()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        bump(&self.counters.mem_alloc);
+        // SAFETY: plain driver call.
+        let rc = unsafe { (self.drv.api.mem_alloc)(&mut ptr, size as usize) };
+        self.drv.check_alloc("cuMemAlloc_v2", rc)?;
+        Ok(ptr)
+    }
+
+    fn free_plain(&self, ptr: DevPtr) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.mem_free);
+        // SAFETY: plain driver call; the driver validates the pointer.
+        self.drv
+            .check("cuMemFree_v2", unsafe { (self.drv.api.mem_free)(ptr) })
+    }
+
+    fn create_event(&self) -> DeviceResult<EventHandle> {
+        let _ctx = self.ctx()?;
+        let mut ev: sys::CUevent = ptr::null_mut();
+        bump(&self.counters.event_create);
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as c_uint;
+        // SAFETY: plain driver call.
+        self.drv.check("cuEventCreate", unsafe {
+            (self.drv.api.event_create)(&mut ev, flags)
+        })?;
+        Ok(EventHandle(ev as usize as u64))
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.event_destroy);
+        // SAFETY: the handle came from `create_event`; the driver rejects unknown ones.
+        let rc = unsafe { (self.drv.api.event_destroy)(event.0 as usize as sys::CUevent) };
+        self.drv.check("cuEventDestroy_v2", rc)
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.event_record);
+        // SAFETY: as above; `stream` is the cudaStream_t PyTorch passed (0 = legacy default).
+        let rc = unsafe {
+            (self.drv.api.event_record)(
+                event.0 as usize as sys::CUevent,
+                stream as usize as sys::CUstream,
+            )
+        };
+        self.drv.check("cuEventRecord", rc)
+    }
+
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.event_query);
+        // SAFETY: as above.
+        match unsafe { (self.drv.api.event_query)(event.0 as usize as sys::CUevent) } {
+            CUDA_SUCCESS => Ok(true),
+            CUDA_ERROR_NOT_READY => Ok(false),
+            rc => Err(self.drv.error("cuEventQuery", rc)),
+        }
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.event_synchronize);
+        // SAFETY: as above.
+        let rc = unsafe { (self.drv.api.event_synchronize)(event.0 as usize as sys::CUevent) };
+        self.drv.check("cuEventSynchronize", rc)
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.stream_synchronize);
+        // SAFETY: as in `record_event`.
+        let rc = unsafe { (self.drv.api.stream_synchronize)(stream as usize as sys::CUstream) };
+        self.drv.check("cuStreamSynchronize", rc)
+    }
+
+    fn synchronize(&self) -> DeviceResult<()> {
+        let _ctx = self.ctx()?;
+        bump(&self.counters.device_synchronize);
+        // SAFETY: plain driver call.
+        self.drv.check("cuCtxSynchronize", unsafe {
+            (self.drv.api.ctx_synchronize)()
+        })
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.counters.snapshot()
+    }
+}
