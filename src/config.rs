@@ -1,11 +1,50 @@
-//! `TORCH_ARENA_CONF`: settings in PyTorch's `PYTORCH_CUDA_ALLOC_CONF` grammar.
-//! (The parser is being written; this file holds the settings the arena reads.)
+//! `TORCH_ARENA_CONF`: every setting of torch-arena, its default, and the parser for PyTorch's
+//! `PYTORCH_CUDA_ALLOC_CONF` grammar.
+//!
+//! This file owns the [`Config`] struct (read by the arena, the devices and the allocator), the
+//! single table of accepted keys ([`accepted_keys`], which drives the parser, the error messages,
+//! [`Config`]'s `Display` and the README), and the parser itself.
+//!
+//! # Grammar
+//!
+//! The same as PyTorch's `ConfigTokenizer` (`c10/core/AllocatorConfig.h`):
+//!
+//! ```text
+//! conf  := "" | entry ("," entry)* [","]
+//! entry := KEY ":" value
+//! value := WORD | "[" [item ("," item)*] "]"
+//! item  := WORD [":" WORD]
+//! ```
+//!
+//! `,` `:` `[` `]` are single-character tokens; every other run of characters is a word; whitespace
+//! is dropped wherever it appears (also inside a word, as PyTorch does). Booleans are exactly `True`
+//! or `False`. An empty (or all-blank) string gives the defaults; one trailing comma is accepted.
+//! No key takes a list yet, but lists are tokenized so that a list given to a scalar key is reported
+//! as such, and unbalanced brackets are reported as such.
+//!
+//! Every error is an [`Error::Config`] whose text starts with where the text came from
+//! (`TORCH_ARENA_CONF: ...`) and names the key, the value and the accepted forms. Parsing is all or
+//! nothing: on an error no setting is applied.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
 
 /// Which device implementation backs the arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
     Cuda,
     Sim,
+}
+
+impl DeviceKind {
+    /// The spelling in `TORCH_ARENA_CONF` (`cuda` or `sim`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Sim => "sim",
+        }
+    }
 }
 
 /// Every setting, with its default.
@@ -24,6 +63,7 @@ pub struct Config {
     /// `sim_devices:N`: number of simulated devices (default 1).
     pub sim_devices: u32,
     /// `page_size_mb:N`: physical page size in MiB, a multiple of the granularity (default 2).
+    /// The multiple-of-granularity check happens when the arena is created, not here.
     pub page_size_mb: u64,
     /// `stitch:True|False`: reuse idle mapped pages anywhere before creating new ones (default True).
     pub stitch: bool,
@@ -50,9 +90,508 @@ impl Default for Config {
     }
 }
 
+/// Where `Config::parse` says its text came from.
+pub const ENV_VAR: &str = "TORCH_ARENA_CONF";
+
+/// One accepted key: its name, its one-line help (with the default), how to apply a value and how
+/// to print the current one back.
+struct KeyDef {
+    name: &'static str,
+    help: &'static str,
+    /// The accepted forms of a value, as error messages name them ("True or False").
+    forms: &'static str,
+    /// Applies a scalar value; `None` if the value is not one of the accepted forms.
+    set: fn(&mut Config, &str) -> Option<()>,
+    /// The value of this key in `conf`, in a form `set` accepts.
+    show: fn(&Config) -> String,
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn show_bool(b: bool) -> String {
+    if b { "True" } else { "False" }.to_string()
+}
+
+/// A plain decimal integer: digits only (no sign, no underscores, no exponent).
+fn parse_uint(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+/// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
+const KEY_DEFS: [KeyDef; 10] = [
+    KeyDef {
+        name: "device",
+        help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
+               GPU) (default cuda)",
+        forms: "cuda or sim",
+        set: |c, v| {
+            c.device = match v {
+                "cuda" => DeviceKind::Cuda,
+                "sim" => DeviceKind::Sim,
+                _ => return None,
+            };
+            Some(())
+        },
+        show: |c| c.device.as_str().to_string(),
+    },
+    KeyDef {
+        name: "sim_capacity_mb",
+        help: "capacity of each simulated device in MiB, an integer >= 1 (default 81920)",
+        forms: "an integer >= 1 (MiB)",
+        set: |c, v| {
+            c.sim_capacity_mb = parse_uint(v).filter(|&n| n >= 1)?;
+            Some(())
+        },
+        show: |c| c.sim_capacity_mb.to_string(),
+    },
+    KeyDef {
+        name: "sim_backing",
+        help: "back simulated pages with host memory, True or False (default False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.sim_backing = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.sim_backing),
+    },
+    KeyDef {
+        name: "sim_granularity_kb",
+        help: "simulated allocation granularity in KiB, a power of two >= 4 (default 2048)",
+        forms: "a power of two >= 4 (KiB), such as 4, 64 or 2048",
+        set: |c, v| {
+            c.sim_granularity_kb = parse_uint(v).filter(|&n| n >= 4 && n.is_power_of_two())?;
+            Some(())
+        },
+        show: |c| c.sim_granularity_kb.to_string(),
+    },
+    KeyDef {
+        name: "sim_vmm",
+        help: "whether the simulated device supports VMM, True or False (default True)",
+        forms: "True or False",
+        set: |c, v| {
+            c.sim_vmm = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.sim_vmm),
+    },
+    KeyDef {
+        name: "sim_devices",
+        help: "number of simulated devices, an integer from 1 to 64 (default 1)",
+        forms: "an integer from 1 to 64",
+        set: |c, v| {
+            c.sim_devices = parse_uint(v).filter(|n| (1..=64).contains(n))? as u32;
+            Some(())
+        },
+        show: |c| c.sim_devices.to_string(),
+    },
+    KeyDef {
+        name: "page_size_mb",
+        help: "physical page size in MiB, an integer >= 1 and a multiple of the device's \
+               granularity (default 2)",
+        forms: "an integer >= 1 (MiB)",
+        set: |c, v| {
+            c.page_size_mb = parse_uint(v).filter(|&n| n >= 1)?;
+            Some(())
+        },
+        show: |c| c.page_size_mb.to_string(),
+    },
+    KeyDef {
+        name: "stitch",
+        help: "reuse idle mapped pages anywhere before creating new ones, True or False \
+               (default True)",
+        forms: "True or False",
+        set: |c, v| {
+            c.stitch = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.stitch),
+    },
+    KeyDef {
+        name: "release_idle_ms",
+        help: "release cached pages idle longer than this many ms to the driver, an integer >= 0; \
+               0 = never (default 0)",
+        forms: "an integer >= 0 (milliseconds; 0 = never)",
+        set: |c, v| {
+            c.release_idle_ms = parse_uint(v)?;
+            Some(())
+        },
+        show: |c| c.release_idle_ms.to_string(),
+    },
+    KeyDef {
+        name: "memory_fraction",
+        help: "cap on reserved bytes as a fraction of device memory, a number in (0, 1] \
+               (default 1)",
+        forms: "a number in (0, 1], such as 0.5",
+        set: |c, v| {
+            // Decimal notation only: Rust's float syntax less its words (inf, nan).
+            let numeric = v
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
+            c.memory_fraction = v
+                .parse::<f64>()
+                .ok()
+                .filter(|f| numeric && *f > 0.0 && *f <= 1.0)?;
+            Some(())
+        },
+        show: |c| c.memory_fraction.to_string(),
+    },
+];
+
+static ACCEPTED_KEYS: [(&str, &str); KEY_DEFS.len()] = {
+    let mut out = [("", ""); KEY_DEFS.len()];
+    let mut i = 0;
+    while i < KEY_DEFS.len() {
+        out[i] = (KEY_DEFS[i].name, KEY_DEFS[i].help);
+        i += 1;
+    }
+    out
+};
+
+/// Every key `TORCH_ARENA_CONF` accepts, in order, with a one-line description that ends with the
+/// default, e.g. `("stitch", "reuse idle mapped pages ..., True or False (default True)")`.
+/// This is the table the parser checks keys against; the README prints it.
+pub fn accepted_keys() -> &'static [(&'static str, &'static str)] {
+    &ACCEPTED_KEYS
+}
+
+/// A token of the grammar: one of `, : [ ]`, or a word (whitespace already dropped).
+#[derive(Clone, Debug, PartialEq)]
+enum Token {
+    Comma,
+    Colon,
+    Open,
+    Close,
+    Word(String),
+}
+
+impl Token {
+    fn text(&self) -> &str {
+        match self {
+            Token::Comma => ",",
+            Token::Colon => ":",
+            Token::Open => "[",
+            Token::Close => "]",
+            Token::Word(w) => w,
+        }
+    }
+}
+
+/// PyTorch's `ConfigTokenizer`: separators are tokens of their own, whitespace vanishes.
+fn tokenize(text: &str) -> Vec<Token> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for ch in text.chars() {
+        let sep = match ch {
+            ',' => Some(Token::Comma),
+            ':' => Some(Token::Colon),
+            '[' => Some(Token::Open),
+            ']' => Some(Token::Close),
+            _ => None,
+        };
+        match sep {
+            Some(t) => {
+                if !word.is_empty() {
+                    out.push(Token::Word(std::mem::take(&mut word)));
+                }
+                out.push(t);
+            }
+            None if ch.is_whitespace() => {}
+            None => word.push(ch),
+        }
+    }
+    if !word.is_empty() {
+        out.push(Token::Word(word));
+    }
+    out
+}
+
+/// A parsed value: a word, or a list as written (`[a:b,c:d]`, whitespace dropped).
+enum Value {
+    Scalar(String),
+    List(String),
+}
+
+impl Value {
+    fn text(&self) -> &str {
+        match self {
+            Value::Scalar(s) | Value::List(s) => s,
+        }
+    }
+}
+
+/// The parser: tokens in, `(key, value)` entries out, with errors that say where they came from.
+struct Parser<'a> {
+    source: &'a str,
+    tokens: Vec<Token>,
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn err(&self, msg: impl fmt::Display) -> Error {
+        Error::Config(format!("{}: {msg}", self.source))
+    }
+
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.pos)
+    }
+
+    fn next(&mut self) -> Option<Token> {
+        let t = self.tokens.get(self.pos).cloned();
+        self.pos += 1;
+        t
+    }
+
+    fn entries(&mut self) -> Result<Vec<(String, Value)>> {
+        let mut out = Vec::new();
+        while self.peek().is_some() {
+            let key = match self.next() {
+                Some(Token::Word(k)) => k,
+                Some(Token::Comma) => {
+                    return Err(self.err(format_args!(
+                        "empty entry: expected key:value before ','{}",
+                        after_key(out.last())
+                    )));
+                }
+                Some(Token::Colon) => {
+                    return Err(self.err(format_args!(
+                        "missing key before ':'{}; expected key:value",
+                        after_key(out.last())
+                    )));
+                }
+                Some(Token::Close) => {
+                    return Err(self.err(format_args!(
+                        "unbalanced brackets: ']' without a matching '['{}",
+                        after_key(out.last())
+                    )));
+                }
+                Some(Token::Open) => {
+                    return Err(self.err(format_args!(
+                        "unexpected '[' where a key was expected{}; lists are only values, as in \
+                         key:[a:b,c:d]",
+                        after_key(out.last())
+                    )));
+                }
+                None => unreachable!("peeked"),
+            };
+            match self.next() {
+                Some(Token::Colon) => {}
+                Some(t) => {
+                    return Err(self.err(format_args!(
+                        "missing ':' after key '{key}' (found '{}'); expected {key}:value",
+                        t.text()
+                    )));
+                }
+                None => {
+                    return Err(self.err(format_args!(
+                        "missing ':' after key '{key}'; expected {key}:value"
+                    )));
+                }
+            }
+            let value = match self.next() {
+                Some(Token::Word(w)) => Value::Scalar(w),
+                Some(Token::Open) => Value::List(self.list(&key)?),
+                Some(Token::Close) => {
+                    return Err(self.err(format_args!(
+                        "unbalanced brackets: ']' without a matching '[' in the value of key '{key}'"
+                    )));
+                }
+                Some(Token::Comma) | None => {
+                    return Err(self.err(format_args!(
+                        "missing value after '{key}:'; expected {key}:value"
+                    )));
+                }
+                Some(Token::Colon) => {
+                    return Err(self.err(format_args!(
+                        "missing value between '{key}:' and ':'; expected {key}:value"
+                    )));
+                }
+            };
+            match self.next() {
+                None | Some(Token::Comma) => {}
+                Some(Token::Close) => {
+                    return Err(self.err(format_args!(
+                        "unbalanced brackets: ']' without a matching '[' after the value '{}' of \
+                         key '{key}'",
+                        value.text()
+                    )));
+                }
+                Some(t) => {
+                    return Err(self.err(format_args!(
+                        "unexpected '{}' after the value '{}' of key '{key}'; entries are \
+                         separated by ',' as in key:value,key:value",
+                        t.text(),
+                        value.text()
+                    )));
+                }
+            }
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
+    /// The rest of a list after its `[`: `item (, item)* ]`, returned as written.
+    fn list(&mut self, key: &str) -> Result<String> {
+        let mut text = String::from("[");
+        loop {
+            match self.next() {
+                Some(Token::Close) => {
+                    text.push(']');
+                    return Ok(text);
+                }
+                Some(Token::Open) => {
+                    return Err(self.err(format_args!(
+                        "unbalanced brackets: nested '[' in the value of key '{key}' ('{text}['); \
+                         lists are flat, as in {key}:[a:b,c:d]"
+                    )));
+                }
+                Some(t) => text.push_str(t.text()),
+                None => {
+                    return Err(self.err(format_args!(
+                        "unbalanced brackets: '[' opened in the value of key '{key}' ('{text}') is \
+                         never closed; expected {key}:[a:b,c:d]"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// ` (after key:value)` naming the last good entry, to place an error that has no key of its own.
+fn after_key(last: Option<&(String, Value)>) -> String {
+    match last {
+        Some((k, v)) => format!(" (after {k}:{})", v.text()),
+        None => String::new(),
+    }
+}
+
+/// Levenshtein distance, for "did you mean".
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = diag + usize::from(ca != cb);
+            diag = row[j + 1];
+            row[j + 1] = sub.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// The accepted key closest to `key`, if it is close enough to be a typo.
+fn suggest(key: &str) -> Option<&'static str> {
+    let lower = key.to_ascii_lowercase();
+    KEY_DEFS
+        .iter()
+        .map(|k| (edit_distance(&lower, k.name), k.name))
+        .filter(|&(d, name)| d <= 3 && d * 3 <= name.len().max(lower.len()))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, name)| name)
+}
+
 impl Config {
-    /// Parse `TORCH_ARENA_CONF` (stub: being written).
-    pub fn parse(_text: &str) -> crate::error::Result<Config> {
-        Ok(Config::default())
+    /// Parse `TORCH_ARENA_CONF` text. Empty or blank text gives [`Config::default`]; keys not given
+    /// keep their defaults. Errors start with `TORCH_ARENA_CONF: `.
+    pub fn parse(text: &str) -> Result<Config> {
+        Self::parse_from(ENV_VAR, text)
+    }
+
+    /// Parse settings text that came from `source` (a name put at the start of every error, such as
+    /// `TORCH_ARENA_CONF` or `torch_arena.configure()`).
+    pub fn parse_from(source: &str, text: &str) -> Result<Config> {
+        let mut parser = Parser {
+            source,
+            tokens: tokenize(text),
+            pos: 0,
+        };
+        let entries = parser.entries()?;
+        let mut conf = Config::default();
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (key, value) in &entries {
+            let Some(def) = KEY_DEFS.iter().find(|d| d.name == key) else {
+                let hint = suggest(key)
+                    .map(|s| format!(" (did you mean '{s}'?)"))
+                    .unwrap_or_default();
+                let names: Vec<&str> = KEY_DEFS.iter().map(|d| d.name).collect();
+                return Err(parser.err(format_args!(
+                    "unknown key '{key}'{hint}; accepted keys: {}",
+                    names.join(", ")
+                )));
+            };
+            if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+                return Err(parser.err(format_args!(
+                    "duplicate key '{key}': given as '{first}' and again as '{}'; give each key once",
+                    value.text()
+                )));
+            }
+            seen.push((key, value.text()));
+            match value {
+                Value::Scalar(v) => (def.set)(&mut conf, v).ok_or_else(|| {
+                    parser.err(format_args!(
+                        "bad value '{v}' for key '{key}': expected {}",
+                        def.forms
+                    ))
+                })?,
+                Value::List(v) => {
+                    return Err(parser.err(format_args!(
+                        "bad value '{v}' for key '{key}': '{key}' takes a single value, not a \
+                         list; expected {}",
+                        def.forms
+                    )));
+                }
+            }
+        }
+        Ok(conf)
+    }
+}
+
+/// Every key, in [`accepted_keys`] order, as `key:value,key:value`: text that [`Config::parse`]
+/// reads back to an equal `Config`.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, def) in KEY_DEFS.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}:{}", def.name, (def.show)(self))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_matches_pytorch() {
+        let t = tokenize(" a : [b:1, c] ,d e:Tr ue ");
+        let words: Vec<&str> = t.iter().map(Token::text).collect();
+        assert_eq!(
+            words,
+            [
+                "a", ":", "[", "b", ":", "1", ",", "c", "]", ",", "de", ":", "True"
+            ]
+        );
+    }
+
+    #[test]
+    fn edit_distance_basics() {
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("sim_capacty_mb", "sim_capacity_mb"), 1);
+        assert_eq!(suggest("Stitch"), Some("stitch"));
+        assert_eq!(suggest("zzz"), None);
     }
 }
