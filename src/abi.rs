@@ -1,1 +1,883 @@
-//! The C ABI (stub: being written).
+//! The C ABI: every `extern "C"` export of the cdylib, and nothing else.
+//!
+//! This module owns the process-wide [`TorchArena`] instance, the last-error slots and the
+//! translation between C values (raw pointers, `int` status codes, NUL-terminated strings) and the
+//! Rust API. All allocator logic lives in [`TorchArena`]; each export here is a thin wrapper.
+//! The public header `cpp_shim/torch_arena.h` documents every symbol for C callers; the C++ shim
+//! (`cpp_shim/shim.cpp`) holds the two functions PyTorch calls, `torch_arena_malloc` and
+//! `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into a C++ exception.
+//!
+//! # The no-panic invariant
+//!
+//! A Rust panic must never cross the FFI boundary: PyTorch calls these functions from C++ on any
+//! thread, and an unwinding panic would abort the Python process. Every export runs its body
+//! inside [`std::panic::catch_unwind`] (through [`guarded`]); a caught panic becomes
+//! [`TORCH_ARENA_ERR_PANIC`] (or the export's documented failure value) and a last-error message.
+//! Null out-pointers are reported as [`TORCH_ARENA_ERR_INVALID_ARGUMENT`], never dereferenced.
+//!
+//! # Status codes
+//!
+//! `int`-returning calls return [`TORCH_ARENA_OK`] (0) on success and a nonzero code with the
+//! last error set on failure. [`torch_arena_try_malloc`] narrows them to 0 / 1 / 2.
+//!
+//! # Last error
+//!
+//! Each failure stores its message in a thread-local slot and in a process-wide copy of the most
+//! recent one. [`torch_arena_last_error`] reads the calling thread's message, or the process-wide
+//! one when this thread has none (PyTorch frees from autograd threads; Python reads from its own).
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::io::Write as _;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+
+use once_cell::sync::{Lazy, OnceCell};
+use parking_lot::Mutex;
+
+use crate::allocator::TorchArena;
+use crate::arena::ReclaimReport;
+use crate::config::Config;
+use crate::device::{DevPtr, DeviceError, StreamId};
+use crate::error::Error;
+use crate::stats::DeviceStats;
+
+// ---------------------------------------------------------------------------------------------
+// Status codes (mirrored as `TORCH_ARENA_*` macros in cpp_shim/torch_arena.h).
+
+/// Success.
+pub const TORCH_ARENA_OK: c_int = 0;
+/// The request could not be met: the message starts with "CUDA out of memory. Tried to allocate".
+pub const TORCH_ARENA_ERR_OOM: c_int = 1;
+/// Any other failure (a device/driver error, an internal error).
+pub const TORCH_ARENA_ERR_OTHER: c_int = 2;
+/// A bad configuration (`TORCH_ARENA_CONF` or `torch_arena_configure`), or a configuration change
+/// after the allocator was initialised.
+pub const TORCH_ARENA_ERR_CONFIG: c_int = 3;
+/// A pointer torch-arena never returned, a double free, or a size that differs from the request.
+pub const TORCH_ARENA_ERR_BAD_POINTER: c_int = 4;
+/// A device ordinal outside what was configured.
+pub const TORCH_ARENA_ERR_BAD_DEVICE: c_int = 5;
+/// A NULL out-pointer or string, a too-small buffer, an out-of-range value.
+pub const TORCH_ARENA_ERR_INVALID_ARGUMENT: c_int = 6;
+/// A panic inside torch-arena was caught at the boundary (a bug; the process can go on).
+pub const TORCH_ARENA_ERR_PANIC: c_int = 7;
+
+/// The first words of every out-of-memory message (what PyTorch and the libraries above it match).
+pub const OOM_PREFIX: &str = "CUDA out of memory. Tried to allocate";
+
+/// `torch_arena_reclaim_report` in the header: what `defragment` / `empty_cache` recovered.
+/// Field for field the same as [`ReclaimReport`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TorchArenaReclaimReport {
+    pub slabs_released: u64,
+    pub pages_unmapped: u64,
+    pub pages_released: u64,
+    pub bytes_recovered: u64,
+    pub bytes_released: u64,
+}
+
+impl From<ReclaimReport> for TorchArenaReclaimReport {
+    fn from(r: ReclaimReport) -> Self {
+        TorchArenaReclaimReport {
+            slabs_released: r.slabs_released,
+            pages_unmapped: r.pages_unmapped,
+            pages_released: r.pages_released,
+            bytes_recovered: r.bytes_recovered,
+            bytes_released: r.bytes_released,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures, the panic guard and the last error.
+
+/// A failed call: its status code and its message.
+struct Failure {
+    code: c_int,
+    msg: String,
+}
+
+impl Failure {
+    fn new(code: c_int, msg: impl Into<String>) -> Self {
+        Failure {
+            code,
+            msg: msg.into(),
+        }
+    }
+
+    fn invalid(msg: impl Into<String>) -> Self {
+        Failure::new(TORCH_ARENA_ERR_INVALID_ARGUMENT, msg)
+    }
+
+    /// `e`, with `context` (the call and its arguments) in front of its message.
+    fn with_context(e: &Error, context: &str) -> Self {
+        Failure::new(error_code(e), format!("{context}: {e}"))
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::new(error_code(&e), e.to_string())
+    }
+}
+
+fn error_code(e: &Error) -> c_int {
+    match e {
+        Error::OutOfMemory(_) | Error::Device(DeviceError::OutOfMemory) => TORCH_ARENA_ERR_OOM,
+        Error::Config(_) => TORCH_ARENA_ERR_CONFIG,
+        Error::BadPointer(_) => TORCH_ARENA_ERR_BAD_POINTER,
+        Error::BadDevice(_) => TORCH_ARENA_ERR_BAD_DEVICE,
+        Error::Device(_) => TORCH_ARENA_ERR_OTHER,
+    }
+}
+
+type Outcome<T> = std::result::Result<T, Failure>;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+static LAST_ERROR_GLOBAL: Mutex<String> = Mutex::new(String::new());
+
+/// Store `msg` as this thread's last error and as the process-wide most recent one.
+fn set_last_error(msg: &str) {
+    // try_with: a hook may run from a thread-local destructor, after this slot is gone.
+    let _ = LAST_ERROR.try_with(|slot| {
+        if let Ok(mut s) = slot.try_borrow_mut() {
+            s.clear();
+            s.push_str(msg);
+        }
+    });
+    let mut g = LAST_ERROR_GLOBAL.lock();
+    g.clear();
+    g.push_str(msg);
+}
+
+/// This thread's last error, else the process-wide most recent one ("" when none).
+fn last_error() -> String {
+    let mine = LAST_ERROR
+        .try_with(|slot| slot.try_borrow().map(|s| s.clone()).unwrap_or_default())
+        .unwrap_or_default();
+    if mine.is_empty() {
+        LAST_ERROR_GLOBAL.lock().clone()
+    } else {
+        mine
+    }
+}
+
+fn clear_last_error() {
+    let _ = LAST_ERROR.try_with(|slot| {
+        if let Ok(mut s) = slot.try_borrow_mut() {
+            s.clear();
+        }
+    });
+    LAST_ERROR_GLOBAL.lock().clear();
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+/// Run `f` so that nothing unwinds out of it: a [`Failure`] is recorded as the last error and
+/// returned as its code; a panic becomes [`TORCH_ARENA_ERR_PANIC`] with a message naming `name`.
+fn guarded<T>(name: &str, f: impl FnOnce() -> Outcome<T>) -> std::result::Result<T, c_int> {
+    let run = catch_unwind(AssertUnwindSafe(|| match f() {
+        Ok(v) => Ok(v),
+        Err(fail) => {
+            set_last_error(&fail.msg);
+            Err(fail.code)
+        }
+    }));
+    match run {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = format!(
+                "torch-arena internal error: panic in {name}: {}. This is a bug in torch-arena; \
+                 the call failed and the process can go on",
+                panic_text(&*payload)
+            );
+            // Dropping the payload or recording may themselves panic: contain that too.
+            let _ = catch_unwind(AssertUnwindSafe(move || {
+                drop(payload);
+                set_last_error(&msg);
+            }));
+            Err(TORCH_ARENA_ERR_PANIC)
+        }
+    }
+}
+
+/// [`guarded`] for `int`-returning exports.
+fn status(name: &str, f: impl FnOnce() -> Outcome<()>) -> c_int {
+    match guarded(name, f) {
+        Ok(()) => TORCH_ARENA_OK,
+        Err(code) => code,
+    }
+}
+
+/// Copy `text` into `buf` (capacity `cap`, NUL included) snprintf style: truncated at a UTF-8
+/// boundary, always NUL-terminated when `cap > 0`; returns the full length in bytes.
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> usize {
+    if !buf.is_null() && cap > 0 {
+        let mut n = text.len().min(cap - 1);
+        while !text.is_char_boundary(n) {
+            n -= 1;
+        }
+        // SAFETY: the caller guarantees `cap` writable bytes at `buf`; n + 1 <= cap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len()
+}
+
+/// A C string argument as `&str`.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that outlives the call.
+unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Outcome<&'a str> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what}: the string argument is NULL"
+        )));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| {
+        Failure::new(
+            TORCH_ARENA_ERR_CONFIG,
+            format!("{what}: the string is not valid UTF-8"),
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rate-limited warnings (bad frees, errors from the void hooks).
+
+/// One kind of warning: logged through `tracing` once, and to stderr for the first 10
+/// occurrences, then every 1000th.
+struct WarnKind {
+    name: &'static str,
+    count: AtomicU64,
+    traced: AtomicBool,
+}
+
+impl WarnKind {
+    const fn new(name: &'static str) -> Self {
+        WarnKind {
+            name,
+            count: AtomicU64::new(0),
+            traced: AtomicBool::new(false),
+        }
+    }
+
+    fn report(&self, msg: &str) {
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.traced.swap(true, Ordering::Relaxed) {
+            tracing::warn!(kind = self.name, "{msg}");
+        }
+        if n <= 10 || n.is_multiple_of(1000) {
+            let more = if n == 10 {
+                " (further ones of this kind: every 1000th is shown)"
+            } else {
+                ""
+            };
+            // Never eprintln!: it panics when stderr is closed.
+            let _ = writeln!(
+                std::io::stderr(),
+                "torch-arena: warning: {} #{n}: {msg}{more}",
+                self.name
+            );
+        }
+    }
+}
+
+static WARN_UNKNOWN_POINTER: WarnKind = WarnKind::new("bad free (unknown pointer)");
+static WARN_DOUBLE_FREE: WarnKind = WarnKind::new("bad free (double free)");
+static WARN_SIZE_MISMATCH: WarnKind = WarnKind::new("bad free (size mismatch)");
+static WARN_FREE_FAILED: WarnKind = WarnKind::new("free failed");
+static WARN_HOOK: WarnKind = WarnKind::new("hook failed");
+
+/// Frees that failed (any reason), counted at the boundary.
+static BAD_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Count and log a failed free. `cause` is the error without the call context, which decides the
+/// kind (the arena's messages say "double free" / "size mismatch"; anything else is an unknown
+/// pointer).
+fn warn_free(fail: &Failure, cause: &str) {
+    BAD_FREES.fetch_add(1, Ordering::Relaxed);
+    let kind = if fail.code == TORCH_ARENA_ERR_BAD_POINTER {
+        let lower = cause.to_ascii_lowercase();
+        if lower.contains("size mismatch") {
+            &WARN_SIZE_MISMATCH
+        } else if lower.contains("double free") || lower.contains("already freed") {
+            &WARN_DOUBLE_FREE
+        } else {
+            &WARN_UNKNOWN_POINTER
+        }
+    } else {
+        &WARN_FREE_FAILED
+    };
+    kind.report(&fail.msg);
+}
+
+/// For hooks that return nothing (PyTorch ignores their outcome): record and log a failure.
+fn hook(name: &str, f: impl FnOnce() -> Outcome<()>) {
+    let _ = guarded(name, || f().inspect_err(|fail| WARN_HOOK.report(&fail.msg)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process-wide instance.
+
+struct Installed {
+    arena: TorchArena,
+    /// The configuration text it was built from, and where that came from.
+    conf: String,
+    source: &'static str,
+}
+
+static INSTANCE: OnceCell<Installed> = OnceCell::new();
+/// A bad `TORCH_ARENA_CONF`, remembered so that every later call fails the same way.
+static ENV_ERROR: OnceCell<Error> = OnceCell::new();
+/// The device count PyTorch passed to the init hook (-1: not called).
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(-1);
+
+/// The instance, created from `TORCH_ARENA_CONF` on first use.
+fn instance() -> Outcome<&'static TorchArena> {
+    if let Some(i) = INSTANCE.get() {
+        return Ok(&i.arena);
+    }
+    if let Some(e) = ENV_ERROR.get() {
+        return Err(e.clone().into());
+    }
+    let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
+    let made = INSTANCE.get_or_try_init(|| {
+        TorchArena::from_env().map(|arena| Installed {
+            arena,
+            conf: text.clone(),
+            source: "TORCH_ARENA_CONF",
+        })
+    });
+    match made {
+        Ok(i) => Ok(&i.arena),
+        Err(e) => {
+            let e = Error::Config(format!("invalid TORCH_ARENA_CONF={text:?}: {e}"));
+            let e = ENV_ERROR.get_or_init(|| e);
+            Err(e.clone().into())
+        }
+    }
+}
+
+fn parse_conf(text: &str, what: &str) -> Outcome<Config> {
+    Config::parse(text)
+        .map_err(|e| Failure::new(TORCH_ARENA_ERR_CONFIG, format!("{what}({text:?}): {e}")))
+}
+
+fn stream_id(stream: *mut c_void) -> StreamId {
+    stream as usize as StreamId
+}
+
+fn dev_ptr(ptr: *mut c_void) -> DevPtr {
+    ptr as usize as DevPtr
+}
+
+/// PyTorch's `format_size`: "512 bytes", "3.00 KiB", "20.00 MiB", "1.50 GiB".
+fn format_size(n: usize) -> String {
+    const KIB: f64 = 1024.0;
+    let f = n as f64;
+    if n < 1024 {
+        format!("{n} bytes")
+    } else if f < KIB * KIB {
+        format!("{:.2} KiB", f / KIB)
+    } else if f < KIB * KIB * KIB {
+        format!("{:.2} MiB", f / (KIB * KIB))
+    } else {
+        format!("{:.2} GiB", f / (KIB * KIB * KIB))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration and errors.
+
+/// Install the configuration `conf` (`TORCH_ARENA_CONF` grammar) before first use.
+/// Returns 0, or `TORCH_ARENA_ERR_CONFIG` for a bad text (nothing is installed) or when the
+/// allocator is already initialised with a different configuration (the same one is accepted).
+///
+/// # Safety
+/// `conf` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_configure(conf: *const c_char) -> c_int {
+    status("torch_arena_configure", || {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(conf, "torch_arena_configure") }?;
+        let parsed = parse_conf(text, "torch_arena_configure")?;
+        let mut installed_now = false;
+        let inst = INSTANCE.get_or_init(|| {
+            installed_now = true;
+            Installed {
+                arena: TorchArena::new(parsed.clone()),
+                conf: text.to_string(),
+                source: "torch_arena_configure",
+            }
+        });
+        if installed_now || inst.arena.config() == &parsed {
+            Ok(())
+        } else {
+            Err(Failure::new(
+                TORCH_ARENA_ERR_CONFIG,
+                format!(
+                    "torch_arena_configure({text:?}): torch-arena is already initialised with \
+                     {:?} (from {}), and its configuration cannot change once initialised; call \
+                     torch_arena_configure before the first allocation, or set TORCH_ARENA_CONF",
+                    inst.conf, inst.source
+                ),
+            ))
+        }
+    })
+}
+
+/// Validate `conf` without installing it: 0, or `TORCH_ARENA_ERR_CONFIG` with the reason.
+///
+/// # Safety
+/// `conf` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_check_config(conf: *const c_char) -> c_int {
+    status("torch_arena_check_config", || {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(conf, "torch_arena_check_config") }?;
+        parse_conf(text, "torch_arena_check_config").map(drop)
+    })
+}
+
+/// Copy the last error message (this thread's, else the process's most recent) into `buf`,
+/// NUL-terminated and truncated to `cap` bytes; returns its full length (snprintf style).
+/// `buf` may be NULL with `cap` 0 to ask for the length.
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_last_error(buf: *mut c_char, cap: usize) -> usize {
+    guarded("torch_arena_last_error", || {
+        let text = last_error();
+        // SAFETY: the caller's contract.
+        Ok(unsafe { copy_out(&text, buf, cap) })
+    })
+    .unwrap_or(0)
+}
+
+/// Forget the last error, of this thread and of the process.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_clear_last_error() {
+    let _ = guarded("torch_arena_clear_last_error", || {
+        clear_last_error();
+        Ok(())
+    });
+}
+
+/// The crate version, a static NUL-terminated string.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_version() -> *const c_char {
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => c"unknown",
+        };
+    VERSION.as_ptr()
+}
+
+// ---------------------------------------------------------------------------------------------
+// malloc / free, called by the C++ shim.
+
+/// Allocate `size` bytes on `device` for `stream`; the pointer goes to `*out` (NULL for size 0).
+/// Returns 0, 1 (out of memory: the last error starts with "CUDA out of memory. Tried to
+/// allocate") or 2 (any other failure, `out` NULL included).
+///
+/// # Safety
+/// `out` is NULL or valid for one pointer write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_try_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    out: *mut *mut c_void,
+) -> c_int {
+    let r = guarded("torch_arena_malloc", || {
+        if out.is_null() {
+            return Err(Failure::new(
+                TORCH_ARENA_ERR_OTHER,
+                "torch_arena_try_malloc: out is NULL",
+            ));
+        }
+        let context =
+            || format!("torch_arena_malloc(size={size}, device={device}, stream={stream:p})");
+        let ptr = instance()
+            .map_err(|f| Failure::new(f.code, format!("{}: {}", context(), f.msg)))?
+            .malloc(size, device, stream_id(stream))
+            .map_err(|e| match e {
+                Error::OutOfMemory(m) if m.starts_with(OOM_PREFIX) => {
+                    Failure::new(TORCH_ARENA_ERR_OOM, m)
+                }
+                Error::OutOfMemory(m) => Failure::new(
+                    TORCH_ARENA_ERR_OOM,
+                    format!("{OOM_PREFIX} {}. {m}", format_size(size)),
+                ),
+                Error::Device(DeviceError::OutOfMemory) => Failure::new(
+                    TORCH_ARENA_ERR_OOM,
+                    format!(
+                        "{OOM_PREFIX} {}. The device is out of memory (device {device})",
+                        format_size(size)
+                    ),
+                ),
+                e => Failure::with_context(&e, &context()),
+            })?;
+        if ptr == 0 && size != 0 {
+            return Err(Failure::new(
+                TORCH_ARENA_ERR_OTHER,
+                format!("{}: the arena returned NULL", context()),
+            ));
+        }
+        // SAFETY: checked non-null; valid for a write by the caller's contract.
+        unsafe { *out = ptr as usize as *mut c_void };
+        Ok(())
+    });
+    match r {
+        Ok(()) => TORCH_ARENA_OK,
+        Err(TORCH_ARENA_ERR_OOM) => TORCH_ARENA_ERR_OOM,
+        Err(_) => TORCH_ARENA_ERR_OTHER,
+    }
+}
+
+/// Free `ptr` (NULL: no-op). A pointer never returned, a double free or a size mismatch returns
+/// `TORCH_ARENA_ERR_BAD_POINTER` (other failures their code), changes nothing, is recorded as the
+/// last error (naming the pointer) and logged to stderr, rate-limited. Never unwinds.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_try_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    status("torch_arena_free", || {
+        let context = || {
+            format!(
+                "torch_arena_free(ptr={ptr:p}, size={size}, device={device}, stream={stream:p})"
+            )
+        };
+        let fail = match instance() {
+            Err(f) => (
+                Failure::new(f.code, format!("{}: {}", context(), f.msg)),
+                f.msg,
+            ),
+            Ok(a) => match a.free(dev_ptr(ptr), size, device, stream_id(stream)) {
+                Ok(()) => return Ok(()),
+                Err(e) => (Failure::with_context(&e, &context()), e.to_string()),
+            },
+        };
+        warn_free(&fail.0, &fail.1);
+        Err(fail.0)
+    })
+}
+
+/// Frees that failed so far (bad pointers, double frees, size mismatches, other errors).
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_bad_free_count() -> u64 {
+    BAD_FREES.load(Ordering::Relaxed)
+}
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch's optional hooks.
+
+/// `set_init_fn`: `void(int device_count)`. Records the count and reads the configuration (a bad
+/// one is reported here, at CUDA init, and again on every allocation); opens no device.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_init(device_count: c_int) {
+    hook("torch_arena_init", || {
+        DEVICE_COUNT.store(device_count, Ordering::Relaxed);
+        instance().map(drop)
+    });
+}
+
+/// `set_reset_fn`: `void(void)`, called by `torch.cuda.empty_cache()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_empty_cache() {
+    hook("torch_arena_empty_cache", || {
+        instance()?.empty_cache()?;
+        Ok(())
+    });
+}
+
+/// `set_memory_fraction_fn`: `void(double fraction, int device)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_set_memory_fraction(fraction: f64, device: c_int) {
+    hook("torch_arena_set_memory_fraction", || {
+        instance()?
+            .set_memory_fraction(fraction, device)
+            .map_err(|e| {
+                Failure::with_context(
+                    &e,
+                    &format!("torch_arena_set_memory_fraction({fraction}, {device})"),
+                )
+            })
+    });
+}
+
+/// `set_record_stream_fn`: `void(void* ptr, cudaStream_t stream)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_record_stream(ptr: *mut c_void, stream: *mut c_void) {
+    hook("torch_arena_record_stream", || {
+        instance()?
+            .record_stream(dev_ptr(ptr), stream_id(stream))
+            .map_err(|e| {
+                Failure::with_context(
+                    &e,
+                    &format!("torch_arena_record_stream(ptr={ptr:p}, stream={stream:p})"),
+                )
+            })
+    });
+}
+
+/// `set_base_alloc_fn`: `void*(void* ptr, size_t* size)`. The base pointer of the allocation that
+/// contains `ptr`, its size written to `*size`. An unknown pointer gives `ptr` and size 0, with
+/// the last error set.
+///
+/// # Safety
+/// `size` is NULL or valid for one `size_t` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mut c_void {
+    let r = guarded("torch_arena_base_alloc", || {
+        if !size.is_null() {
+            // SAFETY: non-null, valid by the caller's contract.
+            unsafe { *size = 0 };
+        }
+        let (base, len) = instance()?.base_alloc(dev_ptr(ptr)).map_err(|e| {
+            Failure::with_context(&e, &format!("torch_arena_base_alloc(ptr={ptr:p})"))
+        })?;
+        if size.is_null() {
+            return Err(Failure::invalid(format!(
+                "torch_arena_base_alloc(ptr={ptr:p}): size is NULL"
+            )));
+        }
+        // SAFETY: as above.
+        unsafe { *size = len as usize };
+        Ok(base as usize as *mut c_void)
+    });
+    r.unwrap_or(ptr)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queries for the Python package.
+
+/// Stat key names, in the order of [`stats_flatten`], as static C strings.
+static STAT_KEYS: Lazy<Vec<CString>> = Lazy::new(|| {
+    stats_key_names()
+        .into_iter()
+        .map(|k| CString::new(k).expect("stat keys contain no NUL"))
+        .collect()
+});
+
+/// The stat key list (sorted, as `torch.cuda.memory_stats()` orders it).
+fn stats_key_names() -> Vec<String> {
+    crate::stats::keys::key_names()
+}
+
+/// `(key, value)` pairs of `stats`, in [`stats_key_names`] order.
+fn stats_flatten(stats: &DeviceStats) -> Vec<(String, i64)> {
+    crate::stats::keys::flatten(stats)
+}
+
+/// Number of `memory_stats` keys (122), or -1 on an internal error.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_stats_count() -> i64 {
+    guarded("torch_arena_stats_count", || Ok(STAT_KEYS.len() as i64)).unwrap_or(-1)
+}
+
+/// Key `i` (0-based, sorted order) as a static NUL-terminated string; NULL when out of range.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_stats_key(i: i64) -> *const c_char {
+    guarded("torch_arena_stats_key", || {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| STAT_KEYS.get(i))
+            .map(|k| k.as_ptr())
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "torch_arena_stats_key({i}): expected 0..{}",
+                    STAT_KEYS.len()
+                ))
+            })
+    })
+    .unwrap_or(std::ptr::null())
+}
+
+/// Fill `values[0..count)` with device `device`'s statistics in key order. `n` must be at least
+/// `torch_arena_stats_count()`; entries past the count are left alone.
+///
+/// # Safety
+/// `values` is NULL or valid for `n` `int64_t` writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_stats(device: c_int, values: *mut i64, n: usize) -> c_int {
+    status("torch_arena_stats", || {
+        let count = STAT_KEYS.len();
+        if values.is_null() {
+            return Err(Failure::invalid("torch_arena_stats: values is NULL"));
+        }
+        if n < count {
+            return Err(Failure::invalid(format!(
+                "torch_arena_stats: the buffer holds {n} values, {count} are needed (torch_arena_stats_count)"
+            )));
+        }
+        let flat = stats_flatten(&instance()?.stats(device)?);
+        if flat.len() != count
+            || flat
+                .iter()
+                .zip(STAT_KEYS.iter())
+                .any(|((k, _), key)| k.as_bytes() != key.as_bytes())
+        {
+            return Err(Failure::new(
+                TORCH_ARENA_ERR_OTHER,
+                "torch-arena internal error: the flattened stats do not match the key list",
+            ));
+        }
+        // SAFETY: non-null and valid for n >= count writes by the caller's contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(values, count) };
+        for (slot, (_, v)) in out.iter_mut().zip(flat) {
+            *slot = v;
+        }
+        Ok(())
+    })
+}
+
+/// `memory_summary()` text of `device` into `buf` (snprintf style: NUL-terminated, truncated to
+/// `cap`, full length returned). 0 means failure (last error set; `buf` gets "").
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_summary(
+    device: c_int,
+    abbreviated: c_int,
+    buf: *mut c_char,
+    cap: usize,
+) -> usize {
+    let text = guarded("torch_arena_summary", || {
+        Ok(instance()?.summary(device, abbreviated != 0)?)
+    });
+    // SAFETY: the caller's contract.
+    unsafe { copy_out(text.as_deref().unwrap_or(""), buf, cap) }
+}
+
+/// `reset_peak_memory_stats(device)`: 0 or an error code.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_reset_peak_stats(device: c_int) -> c_int {
+    status("torch_arena_reset_peak_stats", || {
+        Ok(instance()?.reset_peak_stats(device)?)
+    })
+}
+
+/// `reset_accumulated_memory_stats(device)`: 0 or an error code.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_reset_accumulated_stats(device: c_int) -> c_int {
+    status("torch_arena_reset_accumulated_stats", || {
+        Ok(instance()?.reset_accumulated_stats(device)?)
+    })
+}
+
+/// Return empty slabs and idle ranges of `device` to the page pool; what was recovered goes to
+/// `*out`. 0 or an error code (`out` NULL: `TORCH_ARENA_ERR_INVALID_ARGUMENT`, nothing done).
+///
+/// # Safety
+/// `out` is NULL or valid for one `torch_arena_reclaim_report` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_defragment(
+    device: c_int,
+    out: *mut TorchArenaReclaimReport,
+) -> c_int {
+    status("torch_arena_defragment", || {
+        if out.is_null() {
+            return Err(Failure::invalid("torch_arena_defragment: out is NULL"));
+        }
+        let r = instance()?.defragment(device)?;
+        // SAFETY: non-null, valid by the caller's contract.
+        unsafe { *out = r.into() };
+        Ok(())
+    })
+}
+
+/// `empty_cache` on every open device, saying what was recovered in `*out`. 0 or an error code.
+///
+/// # Safety
+/// `out` is NULL or valid for one `torch_arena_reclaim_report` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_empty_cache_report(
+    out: *mut TorchArenaReclaimReport,
+) -> c_int {
+    status("torch_arena_empty_cache_report", || {
+        if out.is_null() {
+            return Err(Failure::invalid(
+                "torch_arena_empty_cache_report: out is NULL",
+            ));
+        }
+        let r = instance()?.empty_cache()?;
+        // SAFETY: non-null, valid by the caller's contract.
+        unsafe { *out = r.into() };
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The C++ shim's entry points: static libraries are linked only when referenced, so take their
+// addresses here to keep them (and their exports) in the cdylib.
+
+unsafe extern "C-unwind" {
+    fn torch_arena_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void;
+    fn torch_arena_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void);
+}
+
+type MallocFn = unsafe extern "C-unwind" fn(usize, c_int, *mut c_void) -> *mut c_void;
+type FreeFn = unsafe extern "C-unwind" fn(*mut c_void, usize, c_int, *mut c_void);
+
+#[used]
+static KEEP_SHIM: (MallocFn, FreeFn) = (torch_arena_malloc, torch_arena_free);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_code_and_a_message() {
+        let code = status("test_export", || panic!("boom {}", 42));
+        assert_eq!(code, TORCH_ARENA_ERR_PANIC);
+        let msg = last_error();
+        assert!(
+            msg.contains("panic in test_export") && msg.contains("boom 42"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn copy_out_truncates_at_a_char_boundary() {
+        let mut buf = [0x7f as c_char; 4];
+        let n = unsafe { copy_out("aé€", buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, "aé€".len());
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(s.to_str().unwrap(), "aé");
+        assert_eq!(unsafe { copy_out("xyz", std::ptr::null_mut(), 0) }, 3);
+    }
+
+    #[test]
+    fn sizes_are_formatted_like_pytorch() {
+        assert_eq!(format_size(512), "512 bytes");
+        assert_eq!(format_size(3 << 10), "3.00 KiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size(3 << 29), "1.50 GiB");
+    }
+}

@@ -1,0 +1,290 @@
+/*
+ * torch_arena.h: the public C interface of libtorch_arena.so.
+ *
+ * torch-arena is a CUDA caching allocator that PyTorch loads as a plugin through
+ * torch.cuda.memory.CUDAPluggableAllocator. This header documents every symbol the shared library
+ * exports: the two entry points PyTorch calls (written in C++, cpp_shim/shim.cpp), PyTorch's
+ * optional hooks, and the query calls the Python package makes through ctypes (written in Rust,
+ * src/abi.rs).
+ *
+ * USAGE (global mode; must run before CUDA is initialised in the process):
+ *
+ *     import ctypes, torch
+ *     so = "/path/to/libtorch_arena.so"
+ *     alloc = torch.cuda.memory.CUDAPluggableAllocator(so, "torch_arena_malloc", "torch_arena_free")
+ *     lib = ctypes.CDLL(so)
+ *     a = alloc.allocator()
+ *     a.set_init_fn(ctypes.cast(lib.torch_arena_init, ctypes.c_void_p).value)
+ *     a.set_reset_fn(ctypes.cast(lib.torch_arena_empty_cache, ctypes.c_void_p).value)
+ *     a.set_memory_fraction_fn(ctypes.cast(lib.torch_arena_set_memory_fraction, ctypes.c_void_p).value)
+ *     a.set_record_stream_fn(ctypes.cast(lib.torch_arena_record_stream, ctypes.c_void_p).value)
+ *     a.set_base_alloc_fn(ctypes.cast(lib.torch_arena_base_alloc, ctypes.c_void_p).value)
+ *     torch.cuda.memory.change_current_allocator(alloc)
+ *
+ * (The torch_arena Python package does all of this when TORCH_ARENA=1.)
+ *
+ * CONVENTIONS
+ *
+ * - Thread safety: every function may be called from any thread at any time, concurrently, with
+ *   or without the Python GIL (PyTorch frees tensors from autograd worker threads). None of them
+ *   takes the GIL or calls back into Python or PyTorch.
+ * - No unwinding: no function but torch_arena_malloc lets anything unwind out of it. A panic
+ *   inside the Rust code is caught at the boundary and reported as TORCH_ARENA_ERR_PANIC (or the
+ *   function's documented failure value) with a last-error message. torch_arena_malloc throws
+ *   C++ exceptions on failure (see there); torch_arena_free never throws.
+ * - Status codes: functions returning int return TORCH_ARENA_OK (0) on success and one of the
+ *   nonzero TORCH_ARENA_ERR_* codes below on failure, with the last error set.
+ * - Last error: each failure stores its message for the calling thread and as the process-wide
+ *   most recent one; read it with torch_arena_last_error. Successful calls do not clear it.
+ * - NULL out-pointers and NULL strings are errors (TORCH_ARENA_ERR_INVALID_ARGUMENT), never
+ *   dereferenced.
+ * - Strings returned as `const char*` are static: owned by the library, valid while it is
+ *   loaded, never to be freed. Strings written to a caller's buffer follow snprintf: the full
+ *   length (excluding the NUL) is returned, at most cap-1 bytes plus a NUL are written (cut at a
+ *   UTF-8 character boundary), and buf may be NULL when cap is 0.
+ * - Streams are `cudaStream_t` passed as `void*` (the same ABI; this header needs no CUDA
+ *   headers). NULL is the legacy default stream.
+ * - Configuration: the allocator is created on first use from the environment variable
+ *   TORCH_ARENA_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF grammar, "key:value,key:value"), unless
+ *   torch_arena_configure was called first. A bad TORCH_ARENA_CONF makes every call that needs
+ *   the allocator fail with TORCH_ARENA_ERR_CONFIG and the same message (torch_arena_configure can
+ *   still install a good configuration).
+ */
+#ifndef TORCH_ARENA_H
+#define TORCH_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#include <stdexcept>
+#include <string>
+#define TORCH_ARENA_NOEXCEPT noexcept
+#else
+#define TORCH_ARENA_NOEXCEPT
+#endif
+
+#if defined(__GNUC__)
+#define TORCH_ARENA_API __attribute__((visibility("default")))
+#else
+#define TORCH_ARENA_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. */
+
+/** Success. */
+#define TORCH_ARENA_OK 0
+/** Out of memory: the last error starts with "CUDA out of memory. Tried to allocate". */
+#define TORCH_ARENA_ERR_OOM 1
+/** Any other failure: a device/driver error, an internal error. */
+#define TORCH_ARENA_ERR_OTHER 2
+/** A bad configuration text (the message names the key, the value and the accepted forms), or
+ *  a configuration change after the allocator was initialised. */
+#define TORCH_ARENA_ERR_CONFIG 3
+/** A pointer torch-arena never returned, a double free, or a size that differs from the request
+ *  (the message names the pointer). Nothing was changed. */
+#define TORCH_ARENA_ERR_BAD_POINTER 4
+/** A device ordinal outside what was configured. */
+#define TORCH_ARENA_ERR_BAD_DEVICE 5
+/** A NULL out-pointer or string, a buffer too small, an out-of-range argument. */
+#define TORCH_ARENA_ERR_INVALID_ARGUMENT 6
+/** A panic inside torch-arena was caught at the boundary: a bug; the process can go on. */
+#define TORCH_ARENA_ERR_PANIC 7
+
+/** What torch_arena_defragment / torch_arena_empty_cache_report recovered. */
+typedef struct torch_arena_reclaim_report {
+  /** Empty slabs dissolved into free pages. */
+  uint64_t slabs_released;
+  /** Idle mapped pages unmapped into the page pool. */
+  uint64_t pages_unmapped;
+  /** Pages released to the driver (cuMemRelease / cuMemFree). */
+  uint64_t pages_released;
+  /** Bytes made available to any new range (unmapped pages). */
+  uint64_t bytes_recovered;
+  /** Bytes given back to the driver. */
+  uint64_t bytes_released;
+} torch_arena_reclaim_report;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * The pair PyTorch calls (CUDAPluggableAllocator(path, "torch_arena_malloc", "torch_arena_free")).
+ * Implemented in C++ (cpp_shim/shim.cpp). */
+
+/**
+ * alloc_fn: `void* alloc(size_t size, int device, cudaStream_t stream)`.
+ *
+ * Returns a pointer to at least `size` bytes of device memory on `device`, aligned to 512 bytes,
+ * for use on `stream`. Size 0 returns NULL (as PyTorch's native allocator does).
+ * Never returns NULL for size > 0 (PyTorch does not check): on failure it THROWS a C++ exception
+ * deriving from std::runtime_error (PyTorch turns it into a Python RuntimeError):
+ *   - out of memory: torch_arena::OutOfMemoryError, whose what() starts with
+ *     "CUDA out of memory. Tried to allocate" (the text libraries match);
+ *   - anything else (bad configuration, bad device, driver error): std::runtime_error.
+ * Catch these as std::exception (or std::runtime_error): the concrete class's type information
+ * is not exported from the library, so `catch (torch_arena::OutOfMemoryError&)` does not match
+ * across a dlopen boundary.
+ */
+TORCH_ARENA_API void* torch_arena_malloc(size_t size, int device, void* stream);
+
+/**
+ * free_fn: `void free(void* ptr, size_t size, int device, cudaStream_t stream)`, with the size,
+ * device and stream of the allocation (PyTorch passes the alloc-time values).
+ *
+ * NULL is a no-op. Never throws and never fails loudly (PyTorch frees from destructors): a
+ * pointer never returned, a double free or a size mismatch changes nothing, sets the last error
+ * (naming the pointer), counts in torch_arena_bad_free_count, and is logged to stderr
+ * (rate-limited: the first 10 of each kind, then every 1000th).
+ */
+TORCH_ARENA_API void torch_arena_free(void* ptr, size_t size, int device, void* stream) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * The status-returning forms of malloc/free (what the shim calls; usable from C). */
+
+/**
+ * Allocate like torch_arena_malloc, without exceptions; the pointer goes to *out (NULL for size 0).
+ * Returns exactly one of: TORCH_ARENA_OK (0); TORCH_ARENA_ERR_OOM (1), the last error starting with
+ * "CUDA out of memory. Tried to allocate"; TORCH_ARENA_ERR_OTHER (2), any other failure,
+ * out == NULL included (then nothing is allocated).
+ */
+int torch_arena_try_malloc(size_t size, int device, void* stream, void** out) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Free like torch_arena_free, returning the outcome: TORCH_ARENA_OK, TORCH_ARENA_ERR_BAD_POINTER
+ * (unknown pointer, double free, size mismatch), TORCH_ARENA_ERR_BAD_DEVICE, TORCH_ARENA_ERR_CONFIG,
+ * TORCH_ARENA_ERR_OTHER or TORCH_ARENA_ERR_PANIC. Failures are recorded, counted and logged as for
+ * torch_arena_free.
+ */
+int torch_arena_try_free(void* ptr, size_t size, int device, void* stream) TORCH_ARENA_NOEXCEPT;
+
+/** Number of failed frees so far (any reason), process-wide. */
+uint64_t torch_arena_bad_free_count(void) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * PyTorch's optional hooks (set on the object returned by CUDAPluggableAllocator.allocator()).
+ * They return nothing, so failures are recorded as the last error and logged to stderr
+ * (rate-limited). */
+
+/**
+ * set_init_fn: `void(int device_count)`, called at CUDA lazy init. Records the count and reads
+ * the configuration (a bad TORCH_ARENA_CONF is reported here already); opens no device.
+ */
+void torch_arena_init(int device_count) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * set_reset_fn: `void(void)`, called by torch.cuda.empty_cache() (and on CUDA graph capture
+ * entry). Returns every cached page of every open device to the driver.
+ */
+void torch_arena_empty_cache(void) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * set_memory_fraction_fn: `void(double fraction, int device)`, called by
+ * torch.cuda.set_per_process_memory_fraction(fraction, device). Caps the bytes the arena of
+ * `device` may hold at fraction x device memory; fraction must be in (0, 1] (else the last error
+ * is set and nothing changes). A request beyond the cap fails as out of memory.
+ */
+void torch_arena_set_memory_fraction(double fraction, int device) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * set_record_stream_fn: `void(void* ptr, cudaStream_t stream)`, called by
+ * tensor.record_stream(stream). `ptr` is a pointer torch_arena_malloc returned; its memory is not
+ * reused until work queued on `stream` (up to its free) has completed. An unknown pointer sets
+ * the last error.
+ */
+void torch_arena_record_stream(void* ptr, void* stream) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * set_base_alloc_fn: `void*(void* ptr, size_t* size)`. Returns the base pointer of the live
+ * allocation containing `ptr` (which may point inside it) and writes its size to *size.
+ * An unknown pointer returns `ptr` with *size = 0 and sets the last error; size == NULL sets the
+ * last error (and returns `ptr`).
+ */
+void* torch_arena_base_alloc(void* ptr, size_t* size) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration, errors, version. */
+
+/**
+ * Install a configuration (TORCH_ARENA_CONF grammar) before first use, instead of reading
+ * TORCH_ARENA_CONF. Returns TORCH_ARENA_OK; TORCH_ARENA_ERR_CONFIG for a bad text (nothing is
+ * installed; the message names the key, the value and the accepted forms) or when the allocator
+ * is already initialised with a different configuration (the same one is accepted);
+ * TORCH_ARENA_ERR_INVALID_ARGUMENT for conf == NULL.
+ */
+int torch_arena_configure(const char* conf) TORCH_ARENA_NOEXCEPT;
+
+/** Validate a configuration text without installing it: TORCH_ARENA_OK or TORCH_ARENA_ERR_CONFIG
+ *  (TORCH_ARENA_ERR_INVALID_ARGUMENT for NULL), with the reason as the last error. */
+int torch_arena_check_config(const char* conf) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Copy the last error message into buf (snprintf style; see CONVENTIONS): the calling thread's
+ * most recent one, or the process-wide most recent one when this thread has none. Returns its
+ * full length in bytes; 0 when there is none.
+ */
+size_t torch_arena_last_error(char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/** Forget the last error, of this thread and process-wide. */
+void torch_arena_clear_last_error(void) TORCH_ARENA_NOEXCEPT;
+
+/** The library version ("0.1.0"); a static string. */
+const char* torch_arena_version(void) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * Statistics and maintenance (for the Python package). `device` is a CUDA ordinal; a device not
+ * yet used is opened by these calls. */
+
+/** Number of torch.cuda.memory_stats() keys (122), or -1 on an internal error. */
+int64_t torch_arena_stats_count(void) TORCH_ARENA_NOEXCEPT;
+
+/** Key i (0 <= i < torch_arena_stats_count(), sorted as memory_stats() sorts them, e.g.
+ *  "active.all.allocated"), a static string; NULL when out of range (last error set). */
+const char* torch_arena_stats_key(int64_t i) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Fill values[0 .. torch_arena_stats_count()) with the statistics of `device`, in key order
+ * (values[i] belongs to torch_arena_stats_key(i)). n is the capacity of values and must be at
+ * least the count (else TORCH_ARENA_ERR_INVALID_ARGUMENT); values past the count are not touched.
+ */
+int torch_arena_stats(int device, int64_t* values, size_t n) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * memory_summary() text of `device` (PyTorch's table, then the torch-arena section) into buf,
+ * snprintf style. Returns the full length; 0 on failure (last error set; buf gets "").
+ */
+size_t torch_arena_summary(int device, int abbreviated, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/** reset_peak_memory_stats(device): every peak becomes the current value. Status code. */
+int torch_arena_reset_peak_stats(int device) TORCH_ARENA_NOEXCEPT;
+
+/** reset_accumulated_memory_stats(device): allocated/freed totals and counters to 0. Status code. */
+int torch_arena_reset_accumulated_stats(int device) TORCH_ARENA_NOEXCEPT;
+
+/** Return empty slabs and idle mapped ranges of `device` to the page pool; *out says what was
+ *  recovered. Status code (out == NULL: TORCH_ARENA_ERR_INVALID_ARGUMENT, nothing done). */
+int torch_arena_defragment(int device, torch_arena_reclaim_report* out) TORCH_ARENA_NOEXCEPT;
+
+/** torch_arena_empty_cache on every open device, with what was recovered in *out. Status code
+ *  (out == NULL: TORCH_ARENA_ERR_INVALID_ARGUMENT, nothing done). */
+int torch_arena_empty_cache_report(torch_arena_reclaim_report* out) TORCH_ARENA_NOEXCEPT;
+
+#ifdef __cplusplus
+} /* extern "C" */
+
+namespace torch_arena {
+
+/** Thrown by torch_arena_malloc when a request cannot be met; what() starts with
+ *  "CUDA out of memory. Tried to allocate". Catch it as std::exception across a dlopen boundary. */
+class OutOfMemoryError : public std::runtime_error {
+ public:
+  explicit OutOfMemoryError(const std::string& what);
+  ~OutOfMemoryError() override;
+};
+
+}  // namespace torch_arena
+#endif
+
+#endif /* TORCH_ARENA_H */
