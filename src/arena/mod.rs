@@ -48,6 +48,9 @@ use slab::Slab;
 const BUCKETS: usize = 8;
 /// Size of the plain (non-VMM) segments that medium requests are packed into, as PyTorch does.
 const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
+/// Virtual bytes reserved per VMM region (larger requests get a region of their own). Each region
+/// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
+const MAX_REGION: u64 = 32 << 30;
 /// How many idle pages one non-blocking reclaim looks at before giving up.
 const RECLAIM_SCAN: usize = 256;
 const NO_SLAB: u32 = u32::MAX;
@@ -216,6 +219,8 @@ struct Inner {
     /// Pages holding live data per pool, for the inactive-split figures.
     in_use_pages: [u64; 3],
     partial_slabs: i64,
+    /// Large-pool pages holding live data and free bytes.
+    partial_pages: i64,
     nonempty_slab_bytes: u64,
     bad_frees: u64,
     last_decay: Instant,
@@ -226,7 +231,7 @@ impl Arena {
     pub fn new(dev: Arc<dyn Device>, conf: &Config) -> Result<Arena> {
         let info = dev.info().clone();
         let page = conf.page_size_mb << 20;
-        if page == 0 || page % info.granularity != 0 {
+        if page == 0 || !page.is_multiple_of(info.granularity) {
             return Err(Error::Config(format!(
                 "TORCH_ARENA_CONF: page_size_mb:{} is not a multiple of device {}'s allocation \
                  granularity ({} KiB): use a multiple of {} KiB",
@@ -237,7 +242,7 @@ impl Arena {
             )));
         }
         let limit = limit_for(info.total_bytes, conf.memory_fraction, page);
-        let region_len = info.total_bytes.div_ceil(page).max(1) * page;
+        let region_len = round_up(info.total_bytes.min(MAX_REGION), page).max(page);
         let now = Instant::now();
         let inner = Inner {
             vmm: info.vmm,
@@ -268,6 +273,7 @@ impl Arena {
             stats: DeviceStats::new(),
             in_use_pages: [0; 3],
             partial_slabs: 0,
+            partial_pages: 0,
             nonempty_slab_bytes: 0,
             bad_frees: 0,
             last_decay: now,
@@ -487,7 +493,7 @@ impl Inner {
     /// Make `id` the current slab of its class; the previous current slab, unless full, joins
     /// the fill-order buckets (or dissolves if empty).
     fn set_current(&mut self, s: u32, ci: usize, id: u32) {
-        let old = std::mem::replace(&mut self.streams[s as usize].classes[ci].current, Some(id));
+        let old = self.streams[s as usize].classes[ci].current.replace(id);
         if let Some(old) = old.filter(|&o| o != id) {
             let slab = &self.slabs[old as usize];
             if slab.is_empty() {
@@ -648,8 +654,10 @@ impl Inner {
         for p in first..=last {
             let start = base + p as u64 * self.page;
             let overlap = (addr + len).min(start + self.page) - addr.max(start);
+            let was = self.page_is_partial(region, p);
             self.regions[region as usize].pages[p as usize].covered += overlap;
             self.page_user_added(region, p);
+            self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
         }
         Ok(())
     }
@@ -850,6 +858,13 @@ impl Inner {
             st.safe_seq = st.fence_seq;
         }
         Ok(done && stamp <= st.safe_seq)
+    }
+
+    /// A page holding live data and free bytes: free space no one else can use.
+    #[inline]
+    fn page_is_partial(&self, region: u32, p: u32) -> bool {
+        let slot = &self.regions[region as usize].pages[p as usize];
+        slot.users > 0 && slot.covered < self.page
     }
 
     /// One more user of a page. A page going from idle to used leaves the idle list.
@@ -1061,8 +1076,10 @@ impl Inner {
         for p in first..=last {
             let start = base + p as u64 * self.page;
             let overlap = (ptr + block.len).min(start + self.page) - ptr.max(start);
+            let was = self.page_is_partial(block.region, p);
             self.regions[block.region as usize].pages[p as usize].covered -= overlap;
             self.page_user_removed(block.region, p);
+            self.partial_pages += self.page_is_partial(block.region, p) as i64 - was as i64;
         }
         self.streams[block.stream as usize]
             .large
@@ -1327,14 +1344,7 @@ impl Inner {
             Pool::Large => {
                 let held = (self.in_use_pages[Pool::Large as usize] * self.page) as i64;
                 let free = held - self.stats.active_bytes.pool(Pool::Large).current;
-                (
-                    free,
-                    if free > 0 {
-                        self.in_use_pages[Pool::Large as usize] as i64
-                    } else {
-                        0
-                    },
-                )
+                (free, self.partial_pages)
             }
         };
         set_stat(&mut self.stats.inactive_split_bytes, pool, bytes);
@@ -1503,6 +1513,19 @@ impl Inner {
                     requested[i]
                 ));
             }
+        }
+        let partial = self
+            .regions
+            .iter()
+            .filter(|r| r.live && r.pool == Pool::Large)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.users > 0 && s.covered < self.page)
+            .count() as i64;
+        if partial != self.partial_pages {
+            return Err(format!(
+                "{} partial pages counted, {partial} found",
+                self.partial_pages
+            ));
         }
         // Reserved = physical pages held.
         let mapped: u64 = self
