@@ -92,8 +92,10 @@ impl TorchArena {
         self.arena(device)?.malloc(size as u64, stream)
     }
 
-    /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned, a double
-    /// free or a size that differs from the request is an error and changes nothing.
+    /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned or a double
+    /// free is an error and changes nothing. A size that differs from the request is reported as
+    /// an error too, but the allocation is still freed: the pointer is what names it, and keeping
+    /// it would leak it for good.
     pub fn free(&self, ptr: DevPtr, size: usize, device: i32, stream: StreamId) -> Result<()> {
         if ptr == 0 {
             return Ok(());
