@@ -1,7 +1,8 @@
 //! Property tests of the arena against a simple model, on host-backed simulated devices.
 //!
-//! Random sequences of alloc / free / record_stream / launch / complete / trim / defragment over
-//! three streams and two devices. After every step:
+//! The model itself (the operations, their strategies, the checks after every step and the final
+//! drain) lives in `common/model.rs`, shared with `arena_cuda_fake.rs`, which runs the same
+//! sequences through `CudaDevice` over the fake driver. Here each device is a [`SimDevice`]:
 //! - live allocations never overlap, and each still holds the pattern written into it (every page
 //!   of it, so a remap under a live block would show);
 //! - a block handed out on stream T never overlaps memory another stream's uncompleted work uses;
@@ -12,351 +13,77 @@
 //!
 //! At the end everything is freed and trimmed: nothing may be held.
 
-use std::collections::BTreeMap;
+#[path = "common/model.rs"]
+mod model;
+
 use std::sync::Arc;
 
+use model::{PAGE, Rig, TestGpu, op_strategy};
 use proptest::prelude::*;
 use torch_arena::arena::Arena;
 use torch_arena::config::Config;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, StreamId};
 
-const PAGE: u64 = 2 << 20;
-const STREAMS: [StreamId; 3] = [0, 7, 9];
+/// A simulated device: everything forwards to [`SimDevice`], which checks stream safety itself
+/// at every unmap and release.
+struct SimGpu(Arc<SimDevice>);
 
-/// The block size a request should get, derived from the documented class spacing (not from the
-/// arena's own table): 512-byte steps to 4 KiB, then 8 classes per doubling to 1 MiB; above that,
-/// the request rounded up to 512 bytes.
-fn expected_block(size: u64) -> u64 {
-    if size > 1 << 20 {
-        return size.div_ceil(512) * 512;
+impl TestGpu for SimGpu {
+    fn device(&self) -> Arc<dyn Device> {
+        self.0.clone() as Arc<dyn Device>
     }
-    if size <= 4096 {
-        return size.div_ceil(512) * 512;
+    fn launch(&self, stream: StreamId, ptr: u64, len: u64) {
+        self.0.launch(stream, ptr, len);
     }
-    let mut base = 4096u64;
-    while base * 2 < size {
-        base *= 2;
+    fn complete(&self, stream: StreamId) {
+        self.0.complete(stream);
     }
-    let step = base / 8;
-    base + (size - base).div_ceil(step) * step
+    fn complete_all(&self) {
+        self.0.complete_all();
+    }
+    fn busy_overlapping(&self, ptr: u64, len: u64) -> Vec<(StreamId, u64, u64)> {
+        self.0.busy_overlapping(ptr, len)
+    }
+    fn violations(&self) -> Vec<String> {
+        self.0.violations()
+    }
+    fn held_bytes(&self) -> u64 {
+        self.0.used_bytes()
+    }
+    fn leaks(&self) -> Option<String> {
+        let sim = &self.0;
+        (sim.live_pages() != 0 || sim.mapped_pages() != 0 || sim.used_bytes() != 0).then(|| {
+            format!(
+                "{} pages, {} mapped, {} bytes still held",
+                sim.live_pages(),
+                sim.mapped_pages(),
+                sim.used_bytes()
+            )
+        })
+    }
+    fn fail_randomly(&self, seed: u64, one_in: u64) {
+        self.0.fail_randomly(seed, one_in);
+    }
+    fn stop_failing(&self) {
+        self.0.stop_failing();
+    }
 }
 
-#[derive(Clone, Debug)]
-enum Op {
-    Alloc {
-        dev: usize,
-        stream: usize,
-        size: u64,
-    },
-    Free {
-        pick: usize,
-    },
-    RecordStream {
-        pick: usize,
-        stream: usize,
-    },
-    Launch {
-        pick: usize,
-        other: bool,
-    },
-    Complete {
-        dev: usize,
-        stream: usize,
-    },
-    Trim {
-        dev: usize,
-    },
-    Defragment {
-        dev: usize,
-    },
-}
-
-fn size_strategy() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        4 => 1u64..4096,
-        3 => 4096u64..(1 << 20) + 1,
-        2 => (1u64 << 20)..(6 << 20),
-        1 => (6u64 << 20)..(24 << 20),
-    ]
-}
-
-fn op_strategy() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        10 => (0..2usize, 0..3usize, size_strategy()).prop_map(|(dev, stream, size)| Op::Alloc { dev, stream, size }),
-        7 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        2 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
-        3 => (any::<usize>(), any::<bool>()).prop_map(|(pick, other)| Op::Launch { pick, other }),
-        2 => (0..2usize, 0..3usize).prop_map(|(dev, stream)| Op::Complete { dev, stream }),
-        1 => (0..2usize).prop_map(|dev| Op::Trim { dev }),
-        1 => (0..2usize).prop_map(|dev| Op::Defragment { dev }),
-    ]
-}
-
-struct Live {
-    dev: usize,
-    ptr: u64,
-    size: u64,
-    stream: StreamId,
-    /// Streams allowed to use it: its own and those named by record_stream.
-    users: Vec<StreamId>,
-    pattern: u64,
-}
-
-struct Rig {
-    sims: Vec<Arc<SimDevice>>,
-    arenas: Vec<Arena>,
-    live: Vec<Live>,
-    next_pattern: u64,
-}
-
-impl Rig {
-    fn new(capacity_mb: u64, conf: &Config) -> Rig {
-        let mut sims = Vec::new();
-        let mut arenas = Vec::new();
-        for d in 0..2 {
+/// Two host-backed simulated devices of `capacity_mb` MiB each, with an arena on each.
+fn sim_rig(capacity_mb: u64, conf: &Config) -> Rig<SimGpu> {
+    let gpus = (0..2)
+        .map(|d| {
             let mut c = SimConfig::new(capacity_mb << 20, PAGE, true);
             c.ordinal = d;
-            let sim = Arc::new(SimDevice::new(c).unwrap());
-            arenas.push(Arena::new(sim.clone() as Arc<dyn Device>, conf).unwrap());
-            sims.push(sim);
-        }
-        Rig {
-            sims,
-            arenas,
-            live: Vec::new(),
-            next_pattern: 1,
-        }
-    }
-
-    /// Offsets checked in an allocation: its first and last 8 bytes and one word in every page.
-    fn probe_offsets(size: u64) -> Vec<u64> {
-        let mut v = vec![0];
-        let mut off = PAGE - 8;
-        while off + 8 < size {
-            v.push(off);
-            off += PAGE;
-        }
-        if size >= 8 {
-            v.push(size - 8);
-        }
-        v
-    }
-
-    fn write_pattern(l: &Live) {
-        if l.size < 16 {
-            unsafe { std::ptr::write_bytes(l.ptr as *mut u8, l.pattern as u8, l.size as usize) };
-            return;
-        }
-        for off in Self::probe_offsets(l.size) {
-            unsafe { std::ptr::write_unaligned((l.ptr + off) as *mut u64, l.pattern ^ off) };
-        }
-    }
-
-    fn check_pattern(l: &Live) -> Result<(), String> {
-        if l.size < 16 {
-            for i in 0..l.size {
-                let b = unsafe { *((l.ptr + i) as *const u8) };
-                if b != l.pattern as u8 {
-                    return Err(format!("byte {i} of {:#x} changed", l.ptr));
-                }
-            }
-            return Ok(());
-        }
-        for off in Self::probe_offsets(l.size) {
-            let v = unsafe { std::ptr::read_unaligned((l.ptr + off) as *const u64) };
-            if v != l.pattern ^ off {
-                return Err(format!(
-                    "allocation {:#x}+{} lost its pattern at offset {off}",
-                    l.ptr, l.size
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn apply(&mut self, op: &Op) -> Result<(), String> {
-        match *op {
-            Op::Alloc { dev, stream, size } => {
-                let stream = STREAMS[stream];
-                let Ok(ptr) = self.arenas[dev].malloc(size, stream) else {
-                    return Ok(());
-                };
-                if ptr % 512 != 0 {
-                    return Err(format!("{ptr:#x} is not 512-byte aligned"));
-                }
-                let busy: Vec<_> = self.sims[dev]
-                    .busy_overlapping(ptr, size)
-                    .into_iter()
-                    .filter(|b| b.0 != stream)
-                    .collect();
-                if !busy.is_empty() {
-                    return Err(format!(
-                        "{ptr:#x}+{size} handed to stream {stream} while in use: {busy:?}"
-                    ));
-                }
-                let l = Live {
-                    dev,
-                    ptr,
-                    size,
-                    stream,
-                    users: vec![stream],
-                    pattern: self.next_pattern,
-                };
-                self.next_pattern = self
-                    .next_pattern
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                Self::write_pattern(&l);
-                self.live.push(l);
-            }
-            Op::Free { pick } if !self.live.is_empty() => {
-                let l = self.live.swap_remove(pick % self.live.len());
-                Self::check_pattern(&l)?;
-                self.arenas[l.dev]
-                    .free(l.ptr, Some(l.size), l.stream)
-                    .map_err(|e| e.to_string())?;
-            }
-            Op::RecordStream { pick, stream } if !self.live.is_empty() => {
-                let n = self.live.len();
-                let l = &mut self.live[pick % n];
-                let s = STREAMS[stream];
-                self.arenas[l.dev]
-                    .record_stream(l.ptr + l.size / 2, s)
-                    .map_err(|e| e.to_string())?;
-                if !l.users.contains(&s) {
-                    l.users.push(s);
-                }
-            }
-            Op::Launch { pick, other } if !self.live.is_empty() => {
-                let n = self.live.len();
-                let l = &self.live[pick % n];
-                let s = if other {
-                    *l.users.last().unwrap()
-                } else {
-                    l.stream
-                };
-                self.sims[l.dev].launch(s, l.ptr, l.size);
-            }
-            Op::Complete { dev, stream } => self.sims[dev].complete(STREAMS[stream]),
-            Op::Trim { dev } => {
-                self.arenas[dev].empty_cache().map_err(|e| e.to_string())?;
-            }
-            Op::Defragment { dev } => {
-                self.arenas[dev].defragment().map_err(|e| e.to_string())?;
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn check(&self) -> Result<(), String> {
-        for dev in 0..2 {
-            let mut spans: BTreeMap<u64, u64> = BTreeMap::new();
-            let (mut count, mut requested, mut allocated) = (0i64, 0i64, 0i64);
-            for l in self.live.iter().filter(|l| l.dev == dev) {
-                Self::check_pattern(l)?;
-                spans.insert(l.ptr, l.size);
-                count += 1;
-                requested += l.size as i64;
-                allocated += expected_block(l.size) as i64;
-            }
-            let mut end = 0;
-            for (&p, &s) in &spans {
-                if p < end {
-                    return Err(format!(
-                        "allocation {p:#x} overlaps the previous one (ends {end:#x})"
-                    ));
-                }
-                end = p + s;
-            }
-            let st = self.arenas[dev].stats();
-            let got = (
-                st.allocation.all().current,
-                st.requested_bytes.all().current,
-                st.allocated_bytes.all().current,
-            );
-            if got != (count, requested, allocated) {
-                return Err(format!(
-                    "device {dev}: stats (count, requested, allocated) = {got:?}, model {:?}",
-                    (count, requested, allocated)
-                ));
-            }
-            if st.active.all().current < count {
-                return Err(format!(
-                    "active {} below live count {count}",
-                    st.active.all().current
-                ));
-            }
-            let held = self.sims[dev].used_bytes() as i64;
-            if st.reserved_bytes.all().current != held {
-                return Err(format!(
-                    "reserved_bytes {} but the device holds {held}",
-                    st.reserved_bytes.all().current
-                ));
-            }
-            if st.allocated_bytes.all().peak < allocated || st.reserved_bytes.all().peak < held {
-                return Err("a peak is below the current value".into());
-            }
-            self.arenas[dev].check_consistency()?;
-            let v = self.sims[dev].violations();
-            if !v.is_empty() {
-                return Err(format!("stream-safety violations: {v:?}"));
-            }
-        }
-        Ok(())
-    }
-
-    /// Free everything, let the GPU finish, trim: nothing may be held afterwards.
-    fn drain(&mut self) -> Result<(), String> {
-        for l in std::mem::take(&mut self.live) {
-            Self::check_pattern(&l)?;
-            self.arenas[l.dev]
-                .free(l.ptr, Some(l.size), l.stream)
-                .map_err(|e| e.to_string())?;
-        }
-        for dev in 0..2 {
-            self.sims[dev].complete_all();
-            self.arenas[dev].empty_cache().map_err(|e| e.to_string())?;
-            let st = self.arenas[dev].stats();
-            for (name, v) in [
-                ("allocation", st.allocation.all().current),
-                ("active", st.active.all().current),
-                ("allocated_bytes", st.allocated_bytes.all().current),
-                ("reserved_bytes", st.reserved_bytes.all().current),
-                (
-                    "inactive_split_bytes",
-                    st.inactive_split_bytes.all().current,
-                ),
-            ] {
-                if v != 0 {
-                    return Err(format!(
-                        "device {dev}: {name} is {v} after freeing everything and trimming"
-                    ));
-                }
-            }
-            let sim = &self.sims[dev];
-            if sim.live_pages() != 0 || sim.mapped_pages() != 0 || sim.used_bytes() != 0 {
-                return Err(format!(
-                    "device {dev}: {} pages, {} mapped, {} bytes still held after trim",
-                    sim.live_pages(),
-                    sim.mapped_pages(),
-                    sim.used_bytes()
-                ));
-            }
-        }
-        self.check()
-    }
+            SimGpu(Arc::new(SimDevice::new(c).unwrap()))
+        })
+        .collect();
+    Rig::new(gpus, conf)
 }
 
-fn run(ops: &[Op], capacity_mb: u64, conf: &Config) -> Result<(), String> {
-    let mut rig = Rig::new(capacity_mb, conf);
-    for (i, op) in ops.iter().enumerate() {
-        rig.apply(op).map_err(|e| format!("step {i} {op:?}: {e}"))?;
-        rig.check()
-            .map_err(|e| format!("after step {i} {op:?}: {e}"))?;
-    }
-    rig.drain()
+fn run(ops: &[model::Op], capacity_mb: u64, conf: &Config) -> Result<(), String> {
+    model::run(sim_rig(capacity_mb, conf), ops)
 }
 
 proptest! {
@@ -383,22 +110,7 @@ proptest! {
     /// consistent, and after draining no page, mapping or reservation beyond the arena's is left.
     #[test]
     fn random_driver_failures_leak_nothing(seed in any::<u64>(), ops in prop::collection::vec(op_strategy(), 1..120)) {
-        let mut rig = Rig::new(128, &Config::default());
-        for sim in &rig.sims {
-            sim.fail_randomly(seed, 5);
-        }
-        for (i, op) in ops.iter().enumerate() {
-            // Trim and defragment may fail when an unmap is refused; the rest must not.
-            let r = rig.apply(op);
-            if let Err(e) = r && !matches!(op, Op::Trim { .. } | Op::Defragment { .. }) {
-                return Err(TestCaseError::fail(format!("step {i} {op:?}: {e}")));
-            }
-            rig.check().map_err(|e| TestCaseError::fail(format!("after step {i} {op:?}: {e}")))?;
-        }
-        for sim in &rig.sims {
-            sim.stop_failing();
-        }
-        rig.drain().map_err(TestCaseError::fail)?;
+        model::run_with_failures(sim_rig(128, &Config::default()), seed, &ops).map_err(TestCaseError::fail)?;
     }
 }
 

@@ -710,16 +710,33 @@ impl Inner {
         let base = self.regions[region as usize].base;
         for (i, (&p, &phys)) in missing.iter().zip(&pages).enumerate() {
             if let Err(e) = self.dev.map(base + p as u64 * self.page, self.page, phys) {
-                // Undo the maps made so far and keep every page created.
-                for &q in &missing[..i] {
-                    let _ = self.dev.unmap(base + q as u64 * self.page, self.page);
-                    self.regions[region as usize].pages[q as usize].phys = None;
-                }
+                // Undo the maps made so far and keep every page created. A page whose unmap is
+                // refused stays mapped where it is, idle, for a later reclaim to retry.
                 let now = Instant::now();
-                self.pool.extend(pages.iter().map(|&h| (h, now)));
-                if pool == Pool::Small {
-                    self.move_reserved(Pool::Small, Pool::Large, i as u64);
+                for &q in &missing[..i] {
+                    if self
+                        .dev
+                        .unmap(base + q as u64 * self.page, self.page)
+                        .is_ok()
+                    {
+                        let slot = &mut self.regions[region as usize].pages[q as usize];
+                        let page = slot.phys.take().expect("mapped just now");
+                        self.pool.push((page, now));
+                        if pool == Pool::Small {
+                            self.move_reserved(Pool::Small, Pool::Large, 1);
+                        }
+                    } else {
+                        self.seq += 1;
+                        self.regions[region as usize].pages[q as usize].idle_stamp = self.seq;
+                        let idle = IdlePage {
+                            region,
+                            page: q,
+                            since: now,
+                        };
+                        self.idle.insert(self.seq, idle);
+                    }
                 }
+                self.pool.extend(pages[i..].iter().map(|&h| (h, now)));
                 unclaim(self, claimed);
                 return Err(Miss::Device(e));
             }
@@ -1006,12 +1023,21 @@ impl Inner {
     }
 
     /// Finish pending frees whose events have completed, oldest first.
+    /// A failed query counts as "not yet": reusing memory early would be unsafe, and a device-wide
+    /// synchronisation (`synchronize_all`) finishes everything anyway.
     fn poll_pending(&mut self) {
+        self.finish_pending(false);
+    }
+
+    /// Finish pending frees, oldest first: those whose events completed, or all with `all_done`
+    /// (after the whole device was synchronised).
+    fn finish_pending(&mut self, all_done: bool) {
         while let Some(front) = self.pending.front() {
-            let done = front
-                .events
-                .iter()
-                .all(|&e| self.dev.query_event(e).unwrap_or(true));
+            let done = all_done
+                || front
+                    .events
+                    .iter()
+                    .all(|&e| self.dev.query_event(e).unwrap_or(false));
             if !done {
                 break;
             }
@@ -1204,7 +1230,7 @@ impl Inner {
         for st in &mut self.streams {
             st.safe_seq = seq;
         }
-        self.poll_pending();
+        self.finish_pending(true);
         Ok(())
     }
 
@@ -1251,8 +1277,13 @@ impl Inner {
         Ok(report)
     }
 
+    /// Give a pooled page back to the driver. If the driver refuses, the page stays in the pool
+    /// (still counted as reserved) so a later trim can try again.
     fn release_page(&mut self, page: PageHandle) -> Result<()> {
-        self.dev.release_page(page)?;
+        if let Err(e) = self.dev.release_page(page) {
+            self.pool.push((page, Instant::now()));
+            return Err(e.into());
+        }
         self.stats.segment.decrease(Pool::Large, 1);
         self.stats
             .reserved_bytes
@@ -1302,10 +1333,9 @@ impl Inner {
                 Ok(true) => {}
                 _ => continue,
             }
-            if let Ok(page) = self.unmap_idle(stamp)
-                && self.release_page(page).is_err()
-            {
-                self.pool.push((page, now));
+            if let Ok(page) = self.unmap_idle(stamp) {
+                // A refused release keeps the page in the pool.
+                let _ = self.release_page(page);
             }
         }
         let (old, keep): (Vec<_>, Vec<_>) = self
@@ -1313,10 +1343,9 @@ impl Inner {
             .drain(..)
             .partition(|(_, t)| now.duration_since(*t) >= after);
         self.pool = keep;
-        for (page, t) in old {
-            if self.release_page(page).is_err() {
-                self.pool.push((page, t));
-            }
+        for (page, _) in old {
+            // A refused release keeps the page in the pool.
+            let _ = self.release_page(page);
         }
     }
 
