@@ -97,8 +97,30 @@ struct PageSlot {
     /// Bytes of live large blocks inside this page.
     covered: u64,
     slab: u32,
-    /// Key in the idle list while the page is mapped and unused (0 = not idle).
+    /// While the page is mapped and unused: when it went idle, as a sequence number (0 = not
+    /// idle). Its stream's fence must have passed this stamp before the page moves.
     idle_stamp: u64,
+    /// Nanoseconds since the arena started when it went idle (tracked only with
+    /// `release_idle_ms`).
+    idle_since: u64,
+    /// Neighbours in the idle list (oldest first), an intrusive list so that a page joins or
+    /// leaves it in O(1): a large block touches dozens of pages on every alloc and free.
+    idle_prev: PageRef,
+    idle_next: PageRef,
+}
+
+/// A page of a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PageRef {
+    region: u32,
+    page: u32,
+}
+
+impl PageRef {
+    const NONE: PageRef = PageRef {
+        region: u32::MAX,
+        page: u32::MAX,
+    };
 }
 
 impl Default for PageSlot {
@@ -109,15 +131,11 @@ impl Default for PageSlot {
             covered: 0,
             slab: NO_SLAB,
             idle_stamp: 0,
+            idle_since: 0,
+            idle_prev: PageRef::NONE,
+            idle_next: PageRef::NONE,
         }
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-struct IdlePage {
-    region: u32,
-    page: u32,
-    since: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -213,7 +231,11 @@ struct Inner {
     /// Physical pages created and mapped nowhere, with the time they became free.
     pool: Vec<(PageHandle, Instant)>,
     /// Mapped pages with no user, oldest first.
-    idle: BTreeMap<u64, IdlePage>,
+    idle_head: PageRef,
+    idle_tail: PageRef,
+    idle_len: u64,
+    /// When the arena started: the origin of `PageSlot::idle_since`.
+    epoch: Instant,
     seq: u64,
     stats: DeviceStats,
     /// Pages holding live data per pool, for the inactive-split figures.
@@ -268,7 +290,10 @@ impl Arena {
             pending_ptrs: IntMap::default(),
             spare_events: Vec::new(),
             pool: Vec::new(),
-            idle: BTreeMap::new(),
+            idle_head: PageRef::NONE,
+            idle_tail: PageRef::NONE,
+            idle_len: 0,
+            epoch: now,
             seq: 0,
             stats: DeviceStats::new(),
             in_use_pages: [0; 3],
@@ -681,22 +706,18 @@ impl Inner {
             if slot.phys.is_none() {
                 missing.push(p);
             } else if slot.idle_stamp != 0 {
-                claimed.push((
-                    slot.idle_stamp,
-                    self.idle
-                        .remove(&slot.idle_stamp)
-                        .expect("idle page listed"),
-                ));
-                self.regions[region as usize].pages[p as usize].idle_stamp = 0;
+                self.idle_unlink(PageRef { region, page: p });
+                claimed.push(p);
             }
         }
         if missing.is_empty() {
             return Ok(());
         }
-        let unclaim = |me: &mut Inner, claimed: Vec<(u64, IdlePage)>| {
-            for (stamp, idle) in claimed {
-                me.regions[idle.region as usize].pages[idle.page as usize].idle_stamp = stamp;
-                me.idle.insert(stamp, idle);
+        // Pages claimed but not used go back to the idle list with a new stamp: later than the
+        // real one, which only makes the fence check more careful.
+        let unclaim = |me: &mut Inner, claimed: Vec<u32>| {
+            for page in claimed {
+                me.idle_push(PageRef { region, page });
             }
         };
         let pages = match self.acquire(missing.len(), anywhere) {
@@ -726,14 +747,7 @@ impl Inner {
                             self.move_reserved(Pool::Small, Pool::Large, 1);
                         }
                     } else {
-                        self.seq += 1;
-                        self.regions[region as usize].pages[q as usize].idle_stamp = self.seq;
-                        let idle = IdlePage {
-                            region,
-                            page: q,
-                            since: now,
-                        };
-                        self.idle.insert(self.seq, idle);
+                        self.idle_push(PageRef { region, page: q });
                     }
                 }
                 self.pool.extend(pages[i..].iter().map(|&h| (h, now)));
@@ -759,13 +773,12 @@ impl Inner {
                 continue;
             }
             if self.stitch || anywhere {
-                match self.reclaim_idle_page(anywhere) {
-                    Ok(Some(page)) => {
-                        got.push(page);
-                        continue;
-                    }
-                    Ok(None) => {}
-                    Err(e) => return Err(self.give_back(got, e.into())),
+                let before = got.len();
+                if let Err(e) = self.reclaim_idle_pages(n, anywhere, &mut got) {
+                    return Err(self.give_back(got, e.into()));
+                }
+                if got.len() > before {
+                    continue;
                 }
             }
             if self.reserved() + self.page <= self.limit {
@@ -793,44 +806,47 @@ impl Inner {
         why
     }
 
-    /// Unmap the oldest idle page whose stream is done with it. With `block`, wait for the
-    /// stream instead of skipping it.
-    fn reclaim_idle_page(
+    /// Unmap idle pages, oldest first, until `out` holds `n` pages, skipping pages whose stream
+    /// may still use them (with `block`, waiting for the stream instead). Looks at no more than
+    /// `RECLAIM_SCAN` pages it cannot take.
+    fn reclaim_idle_pages(
         &mut self,
+        n: usize,
         block: bool,
-    ) -> std::result::Result<Option<PageHandle>, DeviceError> {
-        let candidates: Vec<(u64, IdlePage)> = self
-            .idle
-            .iter()
-            .take(RECLAIM_SCAN)
-            .map(|(&k, &v)| (k, v))
-            .collect();
+        out: &mut Vec<PageHandle>,
+    ) -> std::result::Result<(), DeviceError> {
         let mut blocked: Vec<u32> = Vec::new();
-        for (stamp, idle) in candidates {
-            let s = self.regions[idle.region as usize].stream;
-            if blocked.contains(&s) {
-                continue;
+        let mut skipped = 0;
+        let mut at = self.idle_head;
+        while out.len() < n && skipped < RECLAIM_SCAN && at != PageRef::NONE {
+            let slot = self.slot(at);
+            let (next, stamp) = (slot.idle_next, slot.idle_stamp);
+            let s = self.regions[at.region as usize].stream;
+            if blocked.contains(&s) || !self.stream_done_with(s, stamp, block)? {
+                if !blocked.contains(&s) {
+                    blocked.push(s);
+                }
+                skipped += 1;
+            } else {
+                out.push(self.unmap_idle(at)?);
             }
-            if !self.stream_done_with(s, stamp, block)? {
-                blocked.push(s);
-                continue;
-            }
-            return self.unmap_idle(stamp).map(Some);
+            at = next;
         }
-        Ok(None)
+        Ok(())
     }
 
-    /// Unmap the idle page listed under `stamp`; its physical page is returned, mapped nowhere.
-    fn unmap_idle(&mut self, stamp: u64) -> std::result::Result<PageHandle, DeviceError> {
-        let idle = self.idle[&stamp];
-        let region = &self.regions[idle.region as usize];
-        let va = region.base + idle.page as u64 * self.page;
+    /// Unmap an idle page; its physical page is returned, mapped nowhere.
+    fn unmap_idle(&mut self, at: PageRef) -> std::result::Result<PageHandle, DeviceError> {
+        let region = &self.regions[at.region as usize];
+        let va = region.base + at.page as u64 * self.page;
         let pool = region.pool;
         self.dev.unmap(va, self.page)?;
-        self.idle.remove(&stamp);
-        let slot = &mut self.regions[idle.region as usize].pages[idle.page as usize];
-        slot.idle_stamp = 0;
-        let phys = slot.phys.take().expect("an idle page is mapped");
+        self.idle_unlink(at);
+        let phys = self
+            .slot_mut(at)
+            .phys
+            .take()
+            .expect("an idle page is mapped");
         if pool == Pool::Small {
             self.move_reserved(Pool::Small, Pool::Large, 1);
         }
@@ -890,12 +906,12 @@ impl Inner {
         let slot = &mut r.pages[p as usize];
         slot.users += 1;
         if slot.users == 1 {
-            if slot.idle_stamp != 0 {
-                self.idle.remove(&slot.idle_stamp);
-                slot.idle_stamp = 0;
-            }
+            let idle = slot.idle_stamp != 0;
             r.in_use += 1;
             self.in_use_pages[r.pool as usize] += 1;
+            if idle {
+                self.idle_unlink(PageRef { region, page: p });
+            }
         }
     }
 
@@ -905,21 +921,67 @@ impl Inner {
         let slot = &mut r.pages[p as usize];
         slot.users -= 1;
         if slot.users == 0 {
+            let mapped = slot.phys.is_some();
             r.in_use -= 1;
             self.in_use_pages[r.pool as usize] -= 1;
-            if slot.phys.is_some() {
-                self.seq += 1;
-                slot.idle_stamp = self.seq;
-                self.idle.insert(
-                    self.seq,
-                    IdlePage {
-                        region,
-                        page: p,
-                        since: Instant::now(),
-                    },
-                );
+            if mapped {
+                self.idle_push(PageRef { region, page: p });
             }
         }
+    }
+
+    // ----- the idle list ----------------------------------------------------------------------
+
+    #[inline]
+    fn slot(&self, at: PageRef) -> &PageSlot {
+        &self.regions[at.region as usize].pages[at.page as usize]
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, at: PageRef) -> &mut PageSlot {
+        &mut self.regions[at.region as usize].pages[at.page as usize]
+    }
+
+    /// Append a mapped, unused page to the idle list with a new stamp (newest last).
+    fn idle_push(&mut self, at: PageRef) {
+        self.seq += 1;
+        let (seq, tail) = (self.seq, self.idle_tail);
+        let since = match self.release_idle {
+            Some(_) => self.epoch.elapsed().as_nanos() as u64,
+            None => 0,
+        };
+        let slot = self.slot_mut(at);
+        debug_assert!(slot.idle_stamp == 0 && slot.phys.is_some());
+        slot.idle_stamp = seq;
+        slot.idle_since = since;
+        slot.idle_prev = tail;
+        slot.idle_next = PageRef::NONE;
+        if tail == PageRef::NONE {
+            self.idle_head = at;
+        } else {
+            self.slot_mut(tail).idle_next = at;
+        }
+        self.idle_tail = at;
+        self.idle_len += 1;
+    }
+
+    /// Take a page off the idle list.
+    fn idle_unlink(&mut self, at: PageRef) {
+        let slot = self.slot_mut(at);
+        debug_assert!(slot.idle_stamp != 0);
+        let (prev, next) = (slot.idle_prev, slot.idle_next);
+        slot.idle_stamp = 0;
+        slot.idle_prev = PageRef::NONE;
+        slot.idle_next = PageRef::NONE;
+        match prev {
+            PageRef::NONE => self.idle_head = next,
+            p => self.slot_mut(p).idle_next = next,
+        }
+        match next {
+            PageRef::NONE => self.idle_tail = prev,
+            n => self.slot_mut(n).idle_prev = prev,
+        }
+        self.idle_len -= 1;
     }
 
     // ----- free -------------------------------------------------------------------------------
@@ -1251,8 +1313,8 @@ impl Inner {
                 }
             }
         }
-        while let Some((&stamp, _)) = self.idle.iter().next() {
-            let page = self.unmap_idle(stamp)?;
+        while self.idle_head != PageRef::NONE {
+            let page = self.unmap_idle(self.idle_head)?;
             self.pool.push((page, Instant::now()));
             report.pages_unmapped += 1;
             report.bytes_recovered += self.page;
@@ -1321,22 +1383,18 @@ impl Inner {
             return;
         }
         self.last_decay = now;
-        let old: Vec<u64> = self
-            .idle
-            .iter()
-            .take_while(|(_, i)| now.duration_since(i.since) >= after)
-            .map(|(&k, _)| k)
-            .collect();
-        for stamp in old {
-            let s = self.regions[self.idle[&stamp].region as usize].stream;
-            match self.stream_done_with(s, stamp, false) {
-                Ok(true) => {}
-                _ => continue,
-            }
-            if let Ok(page) = self.unmap_idle(stamp) {
+        let cutoff = (now.duration_since(self.epoch).saturating_sub(after)).as_nanos() as u64;
+        let mut at = self.idle_head;
+        while at != PageRef::NONE && self.slot(at).idle_since <= cutoff {
+            let (next, stamp) = (self.slot(at).idle_next, self.slot(at).idle_stamp);
+            let s = self.regions[at.region as usize].stream;
+            if let Ok(true) = self.stream_done_with(s, stamp, false)
+                && let Ok(page) = self.unmap_idle(at)
+            {
                 // A refused release keeps the page in the pool.
                 let _ = self.release_page(page);
             }
+            at = next;
         }
         let (old, keep): (Vec<_>, Vec<_>) = self
             .pool
@@ -1414,7 +1472,7 @@ impl Inner {
             pages: PageCounts {
                 page_size: self.page,
                 in_use: self.in_use_pages[1] + self.in_use_pages[2],
-                idle_mapped: self.idle.len() as u64 + plain_idle,
+                idle_mapped: self.idle_len + plain_idle,
                 pooled: self.pool.len() as u64,
             },
             driver: self.dev.counters(),
@@ -1431,7 +1489,7 @@ impl Inner {
         let s = &self.stats;
         let reserved = s.reserved_bytes.all().current as u64;
         let allocated = s.allocated_bytes.all().current as u64;
-        let idle = self.idle.len() as u64 * self.page;
+        let idle = self.idle_len * self.page;
         let pooled = self.pool.len() as u64 * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
         let allowed = if self.limit < total {
@@ -1503,9 +1561,7 @@ impl Inner {
                     return Err(format!("region {ri} page {pi} is used but not mapped"));
                 }
                 let idle = !r.plain && want == 0 && slot.phys.is_some();
-                if idle != (slot.idle_stamp != 0)
-                    || (idle && !self.idle.contains_key(&slot.idle_stamp))
-                {
+                if idle != (slot.idle_stamp != 0) {
                     return Err(format!("region {ri} page {pi}: idle list out of step"));
                 }
             }
@@ -1542,6 +1598,30 @@ impl Inner {
                     requested[i]
                 ));
             }
+        }
+        // The idle list: linked both ways, stamps rising from head to tail, length as counted,
+        // and holding exactly the pages marked idle (checked page by page above).
+        let (mut at, mut prev, mut n, mut last) = (self.idle_head, PageRef::NONE, 0u64, 0u64);
+        while at != PageRef::NONE {
+            let slot = self.slot(at);
+            if slot.idle_prev != prev || slot.idle_stamp <= last {
+                return Err(format!("idle list broken at {at:?}"));
+            }
+            (prev, last, n) = (at, slot.idle_stamp, n + 1);
+            at = slot.idle_next;
+        }
+        let marked = self
+            .regions
+            .iter()
+            .filter(|r| r.live)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.idle_stamp != 0)
+            .count() as u64;
+        if prev != self.idle_tail || n != self.idle_len || n != marked {
+            return Err(format!(
+                "idle list holds {n} pages, counts {}, {marked} pages are marked idle",
+                self.idle_len
+            ));
         }
         let partial = self
             .regions
