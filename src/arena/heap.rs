@@ -49,17 +49,35 @@ impl Heap {
     /// Returns the address and region of the `len` bytes taken from its start.
     pub fn alloc(&mut self, len: u64) -> Option<(u64, u32)> {
         let &(_, addr) = self.by_size.range((len, 0)..).next()?;
+        Some((addr, self.take(addr, len)))
+    }
+
+    /// Up to `k` free blocks of at least `len` bytes, best fit first: `(addr, region)`. For a
+    /// caller that weighs more than size (the arena prefers blocks whose pages are mapped).
+    pub fn candidates(&self, len: u64, k: usize) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.by_size
+            .range((len, 0)..)
+            .take(k)
+            .map(|&(_, addr)| (addr, self.by_addr[&addr].region))
+    }
+
+    /// Take `len` bytes from the start of the free block at `addr` (one `candidates` returned).
+    /// Returns its region.
+    pub fn take(&mut self, addr: u64, len: u64) -> u32 {
         let block = self.remove(addr);
+        assert!(
+            block.len >= len,
+            "taking {len} bytes from a free block of {}",
+            block.len
+        );
         if block.len > len {
-            self.insert(
-                addr + len,
-                FreeBlock {
-                    len: block.len - len,
-                    region: block.region,
-                },
-            );
+            let rest = FreeBlock {
+                len: block.len - len,
+                region: block.region,
+            };
+            self.insert(addr + len, rest);
         }
-        Some((addr, block.region))
+        block.region
     }
 
     /// Give back `[addr, addr + len)` of `region`, merging with free neighbours in that region.

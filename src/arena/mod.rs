@@ -46,13 +46,14 @@ use slab::Slab;
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
 const BUCKETS: usize = 8;
+/// Free blocks a large request weighs: the best fits by size, of which it takes the one needing
+/// the fewest newly mapped pages (a map costs tens of microseconds; reading a page slot does not).
+const PLACEMENT_CANDIDATES: usize = 8;
 /// Size of the plain (non-VMM) segments that medium requests are packed into, as PyTorch does.
 const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 /// Virtual bytes reserved per VMM region (larger requests get a region of their own). Each region
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
-/// How many idle pages one non-blocking reclaim looks at before giving up.
-const RECLAIM_SCAN: usize = 256;
 const NO_SLAB: u32 = u32::MAX;
 
 /// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
@@ -156,6 +157,11 @@ struct StreamState {
     fence_seq: u64,
     /// Every page this stream made idle at or before this stamp is no longer used by the GPU.
     safe_seq: u64,
+    /// This stream's idle pages, oldest first (stamps rise from head to tail). Per stream, so a
+    /// stream reuses its own idle pages before taking another's, and so the first page its fence
+    /// does not cover ends the search: every later one is newer.
+    idle_head: PageRef,
+    idle_tail: PageRef,
 }
 
 /// An allocation freed by the client whose memory other streams may still use.
@@ -231,8 +237,7 @@ struct Inner {
     /// Physical pages created and mapped nowhere, with the time they became free.
     pool: Vec<(PageHandle, Instant)>,
     /// Mapped pages with no user, oldest first.
-    idle_head: PageRef,
-    idle_tail: PageRef,
+    /// Pages on all streams' idle lists.
     idle_len: u64,
     /// When the arena started: the origin of `PageSlot::idle_since`.
     epoch: Instant,
@@ -290,8 +295,6 @@ impl Arena {
             pending_ptrs: IntMap::default(),
             spare_events: Vec::new(),
             pool: Vec::new(),
-            idle_head: PageRef::NONE,
-            idle_tail: PageRef::NONE,
             idle_len: 0,
             epoch: now,
             seq: 0,
@@ -608,7 +611,12 @@ impl Inner {
     /// Addresses for `len` bytes from stream `s`'s heap of `pool`, reserving a new region (or, with
     /// no VMM, allocating a new plain segment) when none fits.
     fn take_va(&mut self, s: u32, pool: Pool, len: u64) -> std::result::Result<(u64, u32), Miss> {
-        if let Some(hit) = self.heap(s, pool).alloc(len) {
+        let hit = if pool == Pool::Large && self.vmm {
+            self.place_large(s, len)
+        } else {
+            self.heap(s, pool).alloc(len)
+        };
+        if let Some(hit) = hit {
             return Ok(hit);
         }
         self.add_region(s, pool, len)?;
@@ -616,6 +624,49 @@ impl Inner {
             .heap(s, pool)
             .alloc(len)
             .expect("a new region fits the request"))
+    }
+
+    /// A large block for stream `s`: among the best fits by size, the one whose range needs the
+    /// fewest pages mapped (a freed block of the same size needs none).
+    fn place_large(&mut self, s: u32, len: u64) -> Option<(u64, u32)> {
+        let mut fits = [(0u64, 0u32); PLACEMENT_CANDIDATES];
+        let mut n = 0;
+        for c in self.streams[s as usize]
+            .large
+            .candidates(len, PLACEMENT_CANDIDATES)
+        {
+            fits[n] = c;
+            n += 1;
+        }
+        let mut best: Option<(u64, u64, u32)> = None;
+        for &(addr, region) in &fits[..n] {
+            let limit = best.map_or(u64::MAX, |b| b.0);
+            let missing = self.unmapped_pages(region, addr, len, limit);
+            if missing < limit {
+                best = Some((missing, addr, region));
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        let (_, addr, region) = best?;
+        self.streams[s as usize].large.take(addr, len);
+        Some((addr, region))
+    }
+
+    /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`.
+    fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
+        let r = &self.regions[region as usize];
+        let first = ((addr - r.base) / self.page) as usize;
+        let last = ((addr + len - 1 - r.base) / self.page) as usize;
+        let mut missing = 0;
+        for slot in &r.pages[first..=last] {
+            missing += slot.phys.is_none() as u64;
+            if missing >= limit {
+                break;
+            }
+        }
+        missing
     }
 
     fn heap(&mut self, s: u32, pool: Pool) -> &mut Heap {
@@ -720,7 +771,8 @@ impl Inner {
                 me.idle_push(PageRef { region, page });
             }
         };
-        let pages = match self.acquire(missing.len(), anywhere) {
+        let owner = self.regions[region as usize].stream;
+        let pages = match self.acquire(missing.len(), anywhere, owner) {
             Ok(pages) => pages,
             Err(e) => {
                 unclaim(self, claimed);
@@ -765,7 +817,12 @@ impl Inner {
     /// `n` unmapped physical pages: from the pool, then (with stitching, or when `anywhere`) idle
     /// pages proven safe, then new pages within the limit. On failure every page taken goes back
     /// to the pool.
-    fn acquire(&mut self, n: usize, anywhere: bool) -> std::result::Result<Vec<PageHandle>, Miss> {
+    fn acquire(
+        &mut self,
+        n: usize,
+        anywhere: bool,
+        own: u32,
+    ) -> std::result::Result<Vec<PageHandle>, Miss> {
         let mut got = Vec::with_capacity(n);
         while got.len() < n {
             if let Some((page, _)) = self.pool.pop() {
@@ -774,7 +831,7 @@ impl Inner {
             }
             if self.stitch || anywhere {
                 let before = got.len();
-                if let Err(e) = self.reclaim_idle_pages(n, anywhere, &mut got) {
+                if let Err(e) = self.reclaim_idle_pages(n, anywhere, own, &mut got) {
                     return Err(self.give_back(got, e.into()));
                 }
                 if got.len() > before {
@@ -806,31 +863,31 @@ impl Inner {
         why
     }
 
-    /// Unmap idle pages, oldest first, until `out` holds `n` pages, skipping pages whose stream
-    /// may still use them (with `block`, waiting for the stream instead). Looks at no more than
-    /// `RECLAIM_SCAN` pages it cannot take.
+    /// Unmap idle pages until `out` holds `n` pages: stream `own`'s first, then other streams',
+    /// each oldest first, taking a page only once its stream is done with it (with `block`,
+    /// waiting for the stream). A stream's first page its fence does not cover ends that stream's
+    /// turn: the rest of its list is newer.
     fn reclaim_idle_pages(
         &mut self,
         n: usize,
         block: bool,
+        own: u32,
         out: &mut Vec<PageHandle>,
     ) -> std::result::Result<(), DeviceError> {
-        let mut blocked: Vec<u32> = Vec::new();
-        let mut skipped = 0;
-        let mut at = self.idle_head;
-        while out.len() < n && skipped < RECLAIM_SCAN && at != PageRef::NONE {
-            let slot = self.slot(at);
-            let (next, stamp) = (slot.idle_next, slot.idle_stamp);
-            let s = self.regions[at.region as usize].stream;
-            if blocked.contains(&s) || !self.stream_done_with(s, stamp, block)? {
-                if !blocked.contains(&s) {
-                    blocked.push(s);
+        let others = (0..self.streams.len() as u32).filter(|&s| s != own);
+        for s in std::iter::once(own).chain(others) {
+            while out.len() < n {
+                let at = self.streams[s as usize].idle_head;
+                if at == PageRef::NONE
+                    || !self.stream_done_with(s, self.slot(at).idle_stamp, block)?
+                {
+                    break;
                 }
-                skipped += 1;
-            } else {
                 out.push(self.unmap_idle(at)?);
             }
-            at = next;
+            if out.len() == n {
+                break;
+            }
         }
         Ok(())
     }
@@ -945,7 +1002,8 @@ impl Inner {
     /// Append a mapped, unused page to the idle list with a new stamp (newest last).
     fn idle_push(&mut self, at: PageRef) {
         self.seq += 1;
-        let (seq, tail) = (self.seq, self.idle_tail);
+        let owner = self.regions[at.region as usize].stream as usize;
+        let (seq, tail) = (self.seq, self.streams[owner].idle_tail);
         let since = match self.release_idle {
             Some(_) => self.epoch.elapsed().as_nanos() as u64,
             None => 0,
@@ -957,16 +1015,17 @@ impl Inner {
         slot.idle_prev = tail;
         slot.idle_next = PageRef::NONE;
         if tail == PageRef::NONE {
-            self.idle_head = at;
+            self.streams[owner].idle_head = at;
         } else {
             self.slot_mut(tail).idle_next = at;
         }
-        self.idle_tail = at;
+        self.streams[owner].idle_tail = at;
         self.idle_len += 1;
     }
 
     /// Take a page off the idle list.
     fn idle_unlink(&mut self, at: PageRef) {
+        let owner = self.regions[at.region as usize].stream as usize;
         let slot = self.slot_mut(at);
         debug_assert!(slot.idle_stamp != 0);
         let (prev, next) = (slot.idle_prev, slot.idle_next);
@@ -974,11 +1033,11 @@ impl Inner {
         slot.idle_prev = PageRef::NONE;
         slot.idle_next = PageRef::NONE;
         match prev {
-            PageRef::NONE => self.idle_head = next,
+            PageRef::NONE => self.streams[owner].idle_head = next,
             p => self.slot_mut(p).idle_next = next,
         }
         match next {
-            PageRef::NONE => self.idle_tail = prev,
+            PageRef::NONE => self.streams[owner].idle_tail = prev,
             n => self.slot_mut(n).idle_prev = prev,
         }
         self.idle_len -= 1;
@@ -1222,6 +1281,8 @@ impl Inner {
                     fence: None,
                     fence_seq: 0,
                     safe_seq: 0,
+                    idle_head: PageRef::NONE,
+                    idle_tail: PageRef::NONE,
                 });
                 self.stream_index.insert(id, s);
                 s
@@ -1313,8 +1374,13 @@ impl Inner {
                 }
             }
         }
-        while self.idle_head != PageRef::NONE {
-            let page = self.unmap_idle(self.idle_head)?;
+        while let Some(at) = self
+            .streams
+            .iter()
+            .map(|st| st.idle_head)
+            .find(|&h| h != PageRef::NONE)
+        {
+            let page = self.unmap_idle(at)?;
             self.pool.push((page, Instant::now()));
             report.pages_unmapped += 1;
             report.bytes_recovered += self.page;
@@ -1384,17 +1450,23 @@ impl Inner {
         }
         self.last_decay = now;
         let cutoff = (now.duration_since(self.epoch).saturating_sub(after)).as_nanos() as u64;
-        let mut at = self.idle_head;
-        while at != PageRef::NONE && self.slot(at).idle_since <= cutoff {
-            let (next, stamp) = (self.slot(at).idle_next, self.slot(at).idle_stamp);
-            let s = self.regions[at.region as usize].stream;
-            if let Ok(true) = self.stream_done_with(s, stamp, false)
-                && let Ok(page) = self.unmap_idle(at)
-            {
+        for s in 0..self.streams.len() as u32 {
+            loop {
+                let at = self.streams[s as usize].idle_head;
+                if at == PageRef::NONE || self.slot(at).idle_since > cutoff {
+                    break;
+                }
+                // Oldest first: once the stream may still use one, it may use the rest.
+                if !matches!(
+                    self.stream_done_with(s, self.slot(at).idle_stamp, false),
+                    Ok(true)
+                ) {
+                    break;
+                }
+                let Ok(page) = self.unmap_idle(at) else { break };
                 // A refused release keeps the page in the pool.
                 let _ = self.release_page(page);
             }
-            at = next;
         }
         let (old, keep): (Vec<_>, Vec<_>) = self
             .pool
@@ -1601,14 +1673,23 @@ impl Inner {
         }
         // The idle list: linked both ways, stamps rising from head to tail, length as counted,
         // and holding exactly the pages marked idle (checked page by page above).
-        let (mut at, mut prev, mut n, mut last) = (self.idle_head, PageRef::NONE, 0u64, 0u64);
-        while at != PageRef::NONE {
-            let slot = self.slot(at);
-            if slot.idle_prev != prev || slot.idle_stamp <= last {
-                return Err(format!("idle list broken at {at:?}"));
+        let mut n = 0u64;
+        for (si, st) in self.streams.iter().enumerate() {
+            let (mut at, mut prev, mut last) = (st.idle_head, PageRef::NONE, 0u64);
+            while at != PageRef::NONE {
+                let slot = self.slot(at);
+                if slot.idle_prev != prev
+                    || slot.idle_stamp <= last
+                    || self.regions[at.region as usize].stream != si as u32
+                {
+                    return Err(format!("stream {si}'s idle list broken at {at:?}"));
+                }
+                (prev, last, n) = (at, slot.idle_stamp, n + 1);
+                at = slot.idle_next;
             }
-            (prev, last, n) = (at, slot.idle_stamp, n + 1);
-            at = slot.idle_next;
+            if prev != st.idle_tail {
+                return Err(format!("stream {si}'s idle list tail is wrong"));
+            }
         }
         let marked = self
             .regions
@@ -1617,7 +1698,7 @@ impl Inner {
             .flat_map(|r| &r.pages)
             .filter(|s| s.idle_stamp != 0)
             .count() as u64;
-        if prev != self.idle_tail || n != self.idle_len || n != marked {
+        if n != self.idle_len || n != marked {
             return Err(format!(
                 "idle list holds {n} pages, counts {}, {marked} pages are marked idle",
                 self.idle_len
