@@ -171,6 +171,22 @@ struct Pending {
     events: Vec<EventHandle>,
 }
 
+/// Where a live allocation's metadata is.
+#[derive(Clone, Copy, Debug)]
+enum Found {
+    Small { id: u32, slot: usize },
+    Large,
+}
+
+impl Found {
+    fn pool(self) -> Pool {
+        match self {
+            Found::Small { .. } => Pool::Small,
+            Found::Large => Pool::Large,
+        }
+    }
+}
+
 /// Why an attempt failed.
 enum Miss {
     /// No physical memory within the limit: the caller may flush caches and retry.
@@ -1052,25 +1068,27 @@ impl Inner {
                 self.info.ordinal
             ))
         })?;
-        if self.pending_ptrs.contains_key(&ptr) {
+        if !self.pending_ptrs.is_empty() && self.pending_ptrs.contains_key(&ptr) {
             return Err(self.double_free(ptr));
         }
-        let requested = match self.regions[region as usize].pool {
+        let (found, requested, block) = match self.regions[region as usize].pool {
             Pool::Small => {
                 let (id, slot) = self
                     .small_slot(region, ptr)
                     .ok_or_else(|| self.not_live(ptr))?;
-                self.slabs[id as usize].requested(slot)
+                let slab = &self.slabs[id as usize];
+                (
+                    Found::Small { id, slot },
+                    slab.requested(slot),
+                    slab.slot_size,
+                )
             }
             Pool::Large => {
-                self.large
-                    .get(&ptr)
-                    .ok_or_else(|| self.not_live(ptr))?
-                    .requested
+                let b = self.large.get(&ptr).ok_or_else(|| self.not_live(ptr))?;
+                (Found::Large, b.requested, b.len)
             }
         };
-        let pool = self.regions[region as usize].pool;
-        let block = self.block_len(ptr);
+        let pool = found.pool();
         let st = &mut self.stats;
         st.allocation.decrease(pool, 1);
         st.allocated_bytes.decrease(pool, block as i64);
@@ -1081,8 +1099,8 @@ impl Inner {
             self.recorded.remove(&ptr)
         };
         match extra {
-            Some(streams) => self.defer_free(ptr, pool, streams)?,
-            None => self.finish_free(ptr, pool),
+            Some(streams) => self.defer_free(ptr, found, streams)?,
+            None => self.finish_free(ptr, found),
         }
         match size {
             Some(size) if size != requested => Err(Error::BadPointer(format!(
@@ -1109,7 +1127,7 @@ impl Inner {
     }
 
     /// Record an event on each stream the allocation was used on; reuse waits for them.
-    fn defer_free(&mut self, ptr: u64, pool: Pool, streams: Vec<StreamId>) -> Result<()> {
+    fn defer_free(&mut self, ptr: u64, found: Found, streams: Vec<StreamId>) -> Result<()> {
         let mut events = Vec::with_capacity(streams.len());
         for s in streams {
             let e = match self.spare_events.pop() {
@@ -1132,9 +1150,9 @@ impl Inner {
             events.push(e);
         }
         if events.is_empty() {
-            self.finish_free(ptr, pool);
+            self.finish_free(ptr, found);
         } else {
-            if pool == Pool::Large {
+            if matches!(found, Found::Large) {
                 self.large.get_mut(&ptr).expect("live").pending = true;
             }
             self.pending_ptrs.insert(ptr, ());
@@ -1165,27 +1183,26 @@ impl Inner {
             let p = self.pending.pop_front().expect("front exists");
             self.spare_events.extend(p.events);
             self.pending_ptrs.remove(&p.ptr);
-            let region = self.region_of(p.ptr).expect("pending pointer is ours");
-            let pool = self.regions[region as usize].pool;
-            self.finish_free(p.ptr, pool);
+            let found = self
+                .locate(p.ptr)
+                .expect("a pending allocation is still ours");
+            self.finish_free(p.ptr, found);
         }
     }
 
     /// The memory of `ptr` becomes reusable by its stream.
-    fn finish_free(&mut self, ptr: u64, pool: Pool) {
-        match pool {
-            Pool::Small => self.finish_small(ptr),
-            Pool::Large => self.finish_large(ptr),
+    fn finish_free(&mut self, ptr: u64, found: Found) {
+        match found {
+            Found::Small { id, slot } => self.finish_small(id, slot),
+            Found::Large => self.finish_large(ptr),
         }
-        self.update_inactive_split(pool);
+        self.update_inactive_split(found.pool());
         if self.release_idle.is_some() {
             self.maybe_decay();
         }
     }
 
-    fn finish_small(&mut self, ptr: u64) {
-        let region = self.region_of(ptr).expect("ours");
-        let (id, slot) = self.small_slot(region, ptr).expect("live slot");
+    fn finish_small(&mut self, id: u32, slot: usize) {
         let slab = &mut self.slabs[id as usize];
         let (used, slots) = (slab.used, slab.slots);
         slab.give_back(slot);
@@ -1298,6 +1315,17 @@ impl Inner {
         let (_, id) = *self.region_by_addr.get(at.checked_sub(1)?)?;
         let r = &self.regions[id as usize];
         (r.live && ptr < r.base + r.len).then_some(id)
+    }
+
+    /// The live allocation starting at `ptr`.
+    fn locate(&self, ptr: u64) -> Option<Found> {
+        let region = self.region_of(ptr)?;
+        match self.regions[region as usize].pool {
+            Pool::Small => self
+                .small_slot(region, ptr)
+                .map(|(id, slot)| Found::Small { id, slot }),
+            Pool::Large => self.large.contains_key(&ptr).then_some(Found::Large),
+        }
     }
 
     /// The live slab slot starting at `ptr`.
