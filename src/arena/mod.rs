@@ -553,7 +553,15 @@ impl Inner {
         let span = class.pages * self.page;
         let (addr, region) = self.take_va(s, Pool::Small, span)?;
         let first = ((addr - self.regions[region as usize].base) / self.page) as u32;
+        let pages = first..first + class.pages as u32;
+        // Count the pages as used first, so that backing them cannot reclaim one of them.
+        for p in pages.clone() {
+            self.page_user_added(region, p);
+        }
         if let Err(e) = self.back_pages(region, first, class.pages as u32, anywhere) {
+            for p in pages {
+                self.page_user_removed(region, p);
+            }
             self.streams[s as usize].small.free(addr, span, region);
             return Err(e);
         }
@@ -568,9 +576,8 @@ impl Inner {
                 (self.slabs.len() - 1) as u32
             }
         };
-        for p in first..first + class.pages as u32 {
+        for p in pages {
             self.regions[region as usize].pages[p as usize].slab = id;
-            self.page_user_added(region, p);
         }
         Ok(id)
     }
@@ -730,8 +737,9 @@ impl Inner {
         Ok(id)
     }
 
-    /// Count one more user on every page of `[addr, addr + len)`, mapping physical pages where
-    /// none is mapped yet. On failure nothing changes.
+    /// Count one more user on every page of `[addr, addr + len)`, then map physical pages where
+    /// none is mapped yet. The users come first: a page in use is never reclaimed, so nothing
+    /// taken to back this range can be one of its own pages. On failure nothing changes.
     fn use_range(
         &mut self,
         region: u32,
@@ -742,20 +750,39 @@ impl Inner {
         let base = self.regions[region as usize].base;
         let first = ((addr - base) / self.page) as u32;
         let last = ((addr + len - 1 - base) / self.page) as u32;
-        self.back_pages(region, first, last - first + 1, anywhere)?;
-        for p in first..=last {
-            let start = base + p as u64 * self.page;
-            let overlap = (addr + len).min(start + self.page) - addr.max(start);
-            let was = self.page_is_partial(region, p);
-            self.regions[region as usize].pages[p as usize].covered += overlap;
-            self.page_user_added(region, p);
-            self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
+        self.count_range(region, addr, len, true);
+        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere) {
+            self.count_range(region, addr, len, false);
+            return Err(e);
         }
         Ok(())
     }
 
-    /// Make sure pages `first..first+n` of `region` are backed. Idle pages among them are taken
-    /// off the idle list first, so reclaiming cannot pick them.
+    /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages.
+    fn count_range(&mut self, region: u32, addr: u64, len: u64, add: bool) {
+        let base = self.regions[region as usize].base;
+        let first = ((addr - base) / self.page) as u32;
+        let last = ((addr + len - 1 - base) / self.page) as u32;
+        for p in first..=last {
+            let start = base + p as u64 * self.page;
+            let overlap = (addr + len).min(start + self.page) - addr.max(start);
+            let was = self.page_is_partial(region, p);
+            let slot = &mut self.regions[region as usize].pages[p as usize];
+            if add {
+                slot.covered += overlap;
+                self.page_user_added(region, p);
+            } else {
+                slot.covered -= overlap;
+                self.page_user_removed(region, p);
+            }
+            self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
+        }
+    }
+
+    /// Map a physical page under every page of `first..first+n` of `region` that has none. The
+    /// pages are already counted as used, so reclaiming cannot pick them. On failure every page
+    /// mapped here is unmapped again (one the driver refuses to unmap stays mapped, and goes idle
+    /// when its users are uncounted).
     fn back_pages(
         &mut self,
         region: u32,
@@ -766,41 +793,22 @@ impl Inner {
         if self.regions[region as usize].plain {
             return Ok(());
         }
-        let mut missing = Vec::new();
-        let mut claimed = Vec::new();
-        for p in first..first + n {
-            let slot = self.regions[region as usize].pages[p as usize];
-            if slot.phys.is_none() {
-                missing.push(p);
-            } else if slot.idle_stamp != 0 {
-                self.idle_unlink(PageRef { region, page: p });
-                claimed.push(p);
-            }
-        }
+        let missing: Vec<u32> = (first..first + n)
+            .filter(|&p| {
+                self.regions[region as usize].pages[p as usize]
+                    .phys
+                    .is_none()
+            })
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
-        // Pages claimed but not used go back to the idle list with a new stamp: later than the
-        // real one, which only makes the fence check more careful.
-        let unclaim = |me: &mut Inner, claimed: Vec<u32>| {
-            for page in claimed {
-                me.idle_push(PageRef { region, page });
-            }
-        };
         let owner = self.regions[region as usize].stream;
-        let pages = match self.acquire(missing.len(), anywhere, owner) {
-            Ok(pages) => pages,
-            Err(e) => {
-                unclaim(self, claimed);
-                return Err(e);
-            }
-        };
+        let pages = self.acquire(missing.len(), anywhere, owner)?;
         let pool = self.regions[region as usize].pool;
         let base = self.regions[region as usize].base;
         for (i, (&p, &phys)) in missing.iter().zip(&pages).enumerate() {
             if let Err(e) = self.dev.map(base + p as u64 * self.page, self.page, phys) {
-                // Undo the maps made so far and keep every page created. A page whose unmap is
-                // refused stays mapped where it is, idle, for a later reclaim to retry.
                 let now = Instant::now();
                 for &q in &missing[..i] {
                     if self
@@ -814,12 +822,9 @@ impl Inner {
                         if pool == Pool::Small {
                             self.move_reserved(Pool::Small, Pool::Large, 1);
                         }
-                    } else {
-                        self.idle_push(PageRef { region, page: q });
                     }
                 }
                 self.pool.extend(pages[i..].iter().map(|&h| (h, now)));
-                unclaim(self, claimed);
                 return Err(Miss::Device(e));
             }
             self.regions[region as usize].pages[p as usize].phys = Some(phys);
@@ -1234,17 +1239,7 @@ impl Inner {
 
     fn finish_large(&mut self, ptr: u64) {
         let block = self.large.remove(&ptr).expect("live block");
-        let base = self.regions[block.region as usize].base;
-        let first = ((ptr - base) / self.page) as u32;
-        let last = ((ptr + block.len - 1 - base) / self.page) as u32;
-        for p in first..=last {
-            let start = base + p as u64 * self.page;
-            let overlap = (ptr + block.len).min(start + self.page) - ptr.max(start);
-            let was = self.page_is_partial(block.region, p);
-            self.regions[block.region as usize].pages[p as usize].covered -= overlap;
-            self.page_user_removed(block.region, p);
-            self.partial_pages += self.page_is_partial(block.region, p) as i64 - was as i64;
-        }
+        self.count_range(block.region, ptr, block.len, false);
         self.streams[block.stream as usize]
             .large
             .free(ptr, block.len, block.region);
