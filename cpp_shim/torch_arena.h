@@ -49,6 +49,18 @@
  *   torch_arena_configure was called first. A bad TORCH_ARENA_CONF makes every call that needs
  *   the allocator fail with TORCH_ARENA_ERR_CONFIG and the same message (torch_arena_configure can
  *   still install a good configuration).
+ * - Logging: the library reports problems (bad frees, unknown record_stream pointers, out of
+ *   memory, a missing or failing driver, a bad configuration) and facts (the configuration, each
+ *   device opened, empty_cache/defragment results) as log records with a level: error, warn,
+ *   info, debug, trace. Records below the process-wide level are discarded; the level comes from
+ *   the environment variable TORCH_ARENA_LOG (error|warn|info|debug|trace|off, case-insensitive;
+ *   unset: warn; another value: warn, plus a warning naming it) and torch_arena_set_log_level.
+ *   By default each record is written at once to stderr as one line,
+ *   "torch-arena: warning: <message>" ("error", "warning", "info", "debug", "trace"). After
+ *   torch_arena_log_attach(1) records go instead to an in-memory queue (nothing to stderr) that
+ *   the consumer empties with torch_arena_log_drain; the Python package does this and forwards
+ *   them to logging.getLogger("torch_arena"). Delivery never calls back into the caller, never
+ *   takes the Python GIL and never blocks on an allocator lock. See "Logging" below.
  */
 #ifndef TORCH_ARENA_H
 #define TORCH_ARENA_H
@@ -136,8 +148,8 @@ TORCH_ARENA_API void* torch_arena_malloc(size_t size, int device, void* stream);
  *
  * NULL is a no-op. Never throws and never fails loudly (PyTorch frees from destructors): a
  * pointer never returned, a double free or a size mismatch changes nothing, sets the last error
- * (naming the pointer), counts in torch_arena_bad_free_count, and is logged to stderr
- * (rate-limited: the first 10 of each kind, then every 1000th).
+ * (naming the pointer), counts in torch_arena_bad_free_count, and is logged at warn level
+ * (rate-limited: the first 10 of each kind, then every 1000th; see CONVENTIONS, Logging).
  */
 TORCH_ARENA_API void torch_arena_free(void* ptr, size_t size, int device, void* stream) TORCH_ARENA_NOEXCEPT;
 
@@ -165,7 +177,7 @@ uint64_t torch_arena_bad_free_count(void) TORCH_ARENA_NOEXCEPT;
 
 /* ---------------------------------------------------------------------------------------------
  * PyTorch's optional hooks (set on the object returned by CUDAPluggableAllocator.allocator()).
- * They return nothing, so failures are recorded as the last error and logged to stderr
+ * They return nothing, so failures are recorded as the last error and logged at warn level
  * (rate-limited). */
 
 /**
@@ -270,6 +282,57 @@ int torch_arena_defragment(int device, torch_arena_reclaim_report* out) TORCH_AR
 /** torch_arena_empty_cache on every open device, with what was recovered in *out. Status code
  *  (out == NULL: TORCH_ARENA_ERR_INVALID_ARGUMENT, nothing done). */
 int torch_arena_empty_cache_report(torch_arena_reclaim_report* out) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * Logging (see CONVENTIONS). Levels as integers: 0 off, 1 error, 2 warn, 3 info, 4 debug,
+ * 5 trace. A consumer (the Python package) calls torch_arena_log_attach(1), then
+ * torch_arena_log_drain from its own thread whenever convenient, and at exit drains a last time
+ * and calls torch_arena_log_attach(0) so that later records (frees during shutdown) reach stderr.
+ * Each record goes to exactly one place: records printed to stderr before attaching are not
+ * queued, so the consumer never sees one twice. */
+
+/**
+ * Set the process-wide log level by name: "error", "warn" (or "warning"), "info", "debug",
+ * "trace" or "off", case-insensitive. Takes effect at once, on every thread. Returns
+ * TORCH_ARENA_OK; TORCH_ARENA_ERR_CONFIG for any other name (the level is unchanged; the last
+ * error names the value and the accepted ones); TORCH_ARENA_ERR_INVALID_ARGUMENT for NULL.
+ */
+int torch_arena_set_log_level(const char* level) TORCH_ARENA_NOEXCEPT;
+
+/** The current log level, 0 (off) .. 5 (trace). Not a status code. */
+int torch_arena_log_level(void) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * attached != 0: a consumer takes over delivery; from now on records are appended to the queue
+ * and nothing is written to stderr. attached == 0 (the initial state): records go to stderr
+ * again; records already queued stay there until drained. Not reference-counted.
+ * The queue holds the 1024 most recent records: when it is full the oldest is dropped and
+ * counted (torch_arena_log_dropped).
+ */
+void torch_arena_log_attach(int attached) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Pop as many whole queued records, oldest first, as fit into buf (cap bytes, room for a NUL
+ * included) and write them one per line:
+ *
+ *     LEVEL \t TARGET \t MESSAGE \n      (no spaces; shown spaced for reading)
+ *
+ * LEVEL is ERROR, WARN, INFO, DEBUG or TRACE; TARGET is the Rust module that emitted the record
+ * (e.g. "torch_arena::abi"); MESSAGE is UTF-8 text. In TARGET and MESSAGE a backslash, tab,
+ * newline and carriage return are escaped as the two characters \\, \t, \n, \r, so every record
+ * is exactly one line with exactly two tabs. A message longer than 3000 bytes (escaped) is cut
+ * and ends with "... [truncated]"; every line is at most 3208 bytes, so cap >= 4096 always
+ * holds at least one record. The bytes written are followed by a NUL.
+ *
+ * Returns the number of bytes written, < cap; 0 when the queue is empty. When the first record
+ * alone does not fit, nothing is popped, buf[0] is set to NUL (if cap > 0) and the record's
+ * length is returned, which is >= cap (snprintf style: a buffer of that length + 1 holds it).
+ * buf may be NULL with cap 0: a cheap probe, 0 exactly when the queue is empty.
+ */
+size_t torch_arena_log_drain(char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/** Records dropped so far because the queue was full (process-wide, never reset). */
+uint64_t torch_arena_log_dropped(void) TORCH_ARENA_NOEXCEPT;
 
 #ifdef __cplusplus
 } /* extern "C" */

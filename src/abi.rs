@@ -25,17 +25,28 @@
 //! Each failure stores its message in a thread-local slot and in a process-wide copy of the most
 //! recent one. [`torch_arena_last_error`] reads the calling thread's message, or the process-wide
 //! one when this thread has none (PyTorch frees from autograd threads; Python reads from its own).
+//!
+//! # Logging
+//!
+//! Every export first calls [`crate::log::init`] (one atomic load once done), which installs the
+//! crate's `tracing` subscriber and reads `TORCH_ARENA_LOG`. Problems this module already
+//! reports go out as `tracing` events: bad frees, unknown `record_stream` pointers, failed hooks
+//! and out-of-memory returned to PyTorch at `warn`, rate-limited per kind (the first 10, then
+//! every 1000th); a bad `TORCH_ARENA_CONF` (once), a device that cannot be opened (the driver is
+//! missing or fails) and other allocation failures at `error`; the configuration and each
+//! device when it is first seen open at `info`, once; `empty_cache` / `defragment` reports at
+//! `debug`. Where they go (stderr, or the queue the Python package drains) is
+//! [`crate::log`]'s business; the `torch_arena_*log*` exports below expose it.
 
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::io::Write as _;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
-use crate::allocator::TorchArena;
+use crate::allocator::{MAX_DEVICES, TorchArena};
 use crate::arena::ReclaimReport;
 use crate::config::Config;
 use crate::device::{DevPtr, DeviceError, StreamId};
@@ -97,6 +108,8 @@ impl From<ReclaimReport> for TorchArenaReclaimReport {
 struct Failure {
     code: c_int,
     msg: String,
+    /// Already logged where it was found: the caller's generic report is skipped.
+    logged: bool,
 }
 
 impl Failure {
@@ -104,7 +117,13 @@ impl Failure {
         Failure {
             code,
             msg: msg.into(),
+            logged: false,
         }
+    }
+
+    fn logged(mut self, logged: bool) -> Self {
+        self.logged = logged;
+        self
     }
 
     fn invalid(msg: impl Into<String>) -> Self {
@@ -187,12 +206,16 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Run `f` so that nothing unwinds out of it: a [`Failure`] is recorded as the last error and
 /// returned as its code; a panic becomes [`TORCH_ARENA_ERR_PANIC`] with a message naming `name`.
+/// Every export passes through here, so this is also where logging is initialised.
 fn guarded<T>(name: &str, f: impl FnOnce() -> Outcome<T>) -> std::result::Result<T, c_int> {
-    let run = catch_unwind(AssertUnwindSafe(|| match f() {
-        Ok(v) => Ok(v),
-        Err(fail) => {
-            set_last_error(&fail.msg);
-            Err(fail.code)
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        crate::log::init();
+        match f() {
+            Ok(v) => Ok(v),
+            Err(fail) => {
+                set_last_error(&fail.msg);
+                Err(fail.code)
+            }
         }
     }));
     match run {
@@ -261,51 +284,62 @@ unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Outcome<&'a str> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rate-limited warnings (bad frees, errors from the void hooks).
+// Rate-limited reports (bad frees, out of memory, errors from the void hooks).
 
-/// One kind of warning: logged through `tracing` once, and to stderr for the first 10
-/// occurrences, then every 1000th.
-struct WarnKind {
+/// One kind of problem, logged through `tracing` for the first 10 occurrences, then every 1000th,
+/// each line numbered ("bad free (double free) #3: ...").
+struct Reporter {
     name: &'static str,
+    error: bool,
     count: AtomicU64,
-    traced: AtomicBool,
 }
 
-impl WarnKind {
-    const fn new(name: &'static str) -> Self {
-        WarnKind {
+impl Reporter {
+    /// Reported at `warn`.
+    const fn warn(name: &'static str) -> Self {
+        Reporter {
             name,
+            error: false,
             count: AtomicU64::new(0),
-            traced: AtomicBool::new(false),
+        }
+    }
+
+    /// Reported at `error`.
+    const fn error(name: &'static str) -> Self {
+        Reporter {
+            name,
+            error: true,
+            count: AtomicU64::new(0),
         }
     }
 
     fn report(&self, msg: &str) {
         let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
-        if !self.traced.swap(true, Ordering::Relaxed) {
-            tracing::warn!(kind = self.name, "{msg}");
-        }
         if n <= 10 || n.is_multiple_of(1000) {
             let more = if n == 10 {
                 " (further ones of this kind: every 1000th is shown)"
             } else {
                 ""
             };
-            // Never eprintln!: it panics when stderr is closed.
-            let _ = writeln!(
-                std::io::stderr(),
-                "torch-arena: warning: {} #{n}: {msg}{more}",
-                self.name
-            );
+            let name = self.name;
+            if self.error {
+                tracing::error!("{name} #{n}: {msg}{more}");
+            } else {
+                tracing::warn!("{name} #{n}: {msg}{more}");
+            }
         }
     }
 }
 
-static WARN_UNKNOWN_POINTER: WarnKind = WarnKind::new("bad free (unknown pointer)");
-static WARN_DOUBLE_FREE: WarnKind = WarnKind::new("bad free (double free)");
-static WARN_SIZE_MISMATCH: WarnKind = WarnKind::new("bad free (size mismatch)");
-static WARN_FREE_FAILED: WarnKind = WarnKind::new("free failed");
-static WARN_HOOK: WarnKind = WarnKind::new("hook failed");
+static WARN_UNKNOWN_POINTER: Reporter = Reporter::warn("bad free (unknown pointer)");
+static WARN_DOUBLE_FREE: Reporter = Reporter::warn("bad free (double free)");
+static WARN_SIZE_MISMATCH: Reporter = Reporter::warn("bad free (size mismatch)");
+static WARN_FREE_FAILED: Reporter = Reporter::warn("free failed");
+static WARN_RECORD_STREAM: Reporter = Reporter::warn("record_stream (unknown pointer)");
+static WARN_HOOK: Reporter = Reporter::warn("hook failed");
+static WARN_OOM: Reporter = Reporter::warn("out of memory");
+static ERROR_MALLOC: Reporter = Reporter::error("malloc failed");
+static ERROR_DEVICE_OPEN: Reporter = Reporter::error("device open failed");
 
 /// Frees that failed (any reason), counted at the boundary.
 static BAD_FREES: AtomicU64 = AtomicU64::new(0);
@@ -315,6 +349,9 @@ static BAD_FREES: AtomicU64 = AtomicU64::new(0);
 /// pointer).
 fn warn_free(fail: &Failure, cause: &str) {
     BAD_FREES.fetch_add(1, Ordering::Relaxed);
+    if fail.logged {
+        return;
+    }
     let kind = if fail.code == TORCH_ARENA_ERR_BAD_POINTER {
         let lower = cause.to_ascii_lowercase();
         if lower.contains("size mismatch") {
@@ -332,7 +369,83 @@ fn warn_free(fail: &Failure, cause: &str) {
 
 /// For hooks that return nothing (PyTorch ignores their outcome): record and log a failure.
 fn hook(name: &str, f: impl FnOnce() -> Outcome<()>) {
-    let _ = guarded(name, || f().inspect_err(|fail| WARN_HOOK.report(&fail.msg)));
+    let _ = guarded(name, || {
+        f().inspect_err(|fail| {
+            if !fail.logged {
+                WARN_HOOK.report(&fail.msg)
+            }
+        })
+    });
+}
+
+/// Devices already announced at `info` ("opened device 0 ...").
+static DEVICE_SEEN: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// After a call on `device` that returned `r`: announce the device (once) when it is open, and
+/// when the call failed with a device error before the device could be opened, log that at
+/// `error` (rate-limited). Returns whether `r`'s error was logged. On the hot path (the device
+/// announced, `r` Ok) this is one relaxed load.
+#[inline]
+fn watch_device<T>(inst: &TorchArena, device: c_int, r: &crate::Result<T>) -> bool {
+    let Some(seen) = usize::try_from(device)
+        .ok()
+        .and_then(|d| DEVICE_SEEN.get(d))
+    else {
+        return false;
+    };
+    if r.is_ok() && seen.load(Ordering::Relaxed) {
+        return false;
+    }
+    watch_device_slow(inst, device, seen, r.as_ref().err())
+}
+
+#[cold]
+fn watch_device_slow(
+    inst: &TorchArena,
+    device: c_int,
+    seen: &AtomicBool,
+    err: Option<&Error>,
+) -> bool {
+    match inst.open_arenas().find(|(d, _)| *d == device) {
+        Some((_, arena)) => {
+            if !seen.swap(true, Ordering::Relaxed) {
+                let dev = arena.device();
+                let info = dev.info();
+                tracing::info!(
+                    "opened device {device} ({}): {} of memory, allocation granularity {}, {}",
+                    info.name,
+                    format_size(info.total_bytes as usize),
+                    format_size(info.granularity as usize),
+                    if info.vmm {
+                        "virtual memory management (VMM) supported"
+                    } else {
+                        "no virtual memory management: plain cuMemAlloc segments"
+                    }
+                );
+            }
+            false
+        }
+        None => match err {
+            Some(e @ Error::Device(_)) => {
+                ERROR_DEVICE_OPEN.report(&format!("could not open device {device}: {e}"));
+                true
+            }
+            _ => false,
+        },
+    }
+}
+
+/// A reclaim report as one log line.
+fn reclaim_text(r: &ReclaimReport) -> String {
+    format!(
+        "{} empty slabs dissolved, {} idle pages unmapped, {} pages released to the driver; {} \
+         made available, {} given back",
+        r.slabs_released,
+        r.pages_unmapped,
+        r.pages_released,
+        format_size(r.bytes_recovered as usize),
+        format_size(r.bytes_released as usize)
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,30 +464,56 @@ static ENV_ERROR: OnceCell<Error> = OnceCell::new();
 /// The device count PyTorch passed to the init hook (-1: not called).
 static DEVICE_COUNT: AtomicI32 = AtomicI32::new(-1);
 
-/// The instance, created from `TORCH_ARENA_CONF` on first use.
+/// The instance, created from `TORCH_ARENA_CONF` on first use. A bad `TORCH_ARENA_CONF` is
+/// logged once, when first found; the failures returned for it are marked logged.
 fn instance() -> Outcome<&'static TorchArena> {
     if let Some(i) = INSTANCE.get() {
         return Ok(&i.arena);
     }
     if let Some(e) = ENV_ERROR.get() {
-        return Err(e.clone().into());
+        return Err(Failure::from(e.clone()).logged(true));
     }
     let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
+    let mut installed_now = false;
     let made = INSTANCE.get_or_try_init(|| {
-        TorchArena::from_env().map(|arena| Installed {
-            arena,
-            conf: text.clone(),
-            source: "TORCH_ARENA_CONF",
+        TorchArena::from_env().map(|arena| {
+            installed_now = true;
+            Installed {
+                arena,
+                conf: text.clone(),
+                source: "TORCH_ARENA_CONF",
+            }
         })
     });
     match made {
-        Ok(i) => Ok(&i.arena),
+        Ok(i) => {
+            if installed_now {
+                log_configured(i);
+            }
+            Ok(&i.arena)
+        }
         Err(e) => {
-            let e = Error::Config(format!("invalid TORCH_ARENA_CONF={text:?}: {e}"));
-            let e = ENV_ERROR.get_or_init(|| e);
-            Err(e.clone().into())
+            let mut first = false;
+            let e = ENV_ERROR.get_or_init(|| {
+                first = true;
+                Error::Config(format!("invalid TORCH_ARENA_CONF={text:?}: {e}"))
+            });
+            if first {
+                tracing::error!("{e}");
+            }
+            Err(Failure::from(e.clone()).logged(true))
         }
     }
+}
+
+/// The configuration just installed, at `info` (the text) and `debug` (every setting).
+fn log_configured(i: &Installed) {
+    if i.conf.is_empty() {
+        tracing::info!("configured from {}: \"\" (the defaults)", i.source);
+    } else {
+        tracing::info!("configured from {}: {:?}", i.source, i.conf);
+    }
+    tracing::debug!("configuration: {:?}", i.arena.config());
 }
 
 fn parse_conf(text: &str, what: &str) -> Outcome<Config> {
@@ -429,7 +568,10 @@ pub unsafe extern "C" fn torch_arena_configure(conf: *const c_char) -> c_int {
                 source: "torch_arena_configure",
             }
         });
-        if installed_now || inst.arena.config() == &parsed {
+        if installed_now {
+            log_configured(inst);
+            Ok(())
+        } else if inst.arena.config() == &parsed {
             Ok(())
         } else {
             Err(Failure::new(
@@ -519,10 +661,13 @@ pub unsafe extern "C" fn torch_arena_try_malloc(
         }
         let context =
             || format!("torch_arena_malloc(size={size}, device={device}, stream={stream:p})");
-        let ptr = instance()
-            .map_err(|f| Failure::new(f.code, format!("{}: {}", context(), f.msg)))?
-            .malloc(size, device, stream_id(stream))
-            .map_err(|e| match e {
+        let inst = instance().map_err(|f| {
+            Failure::new(f.code, format!("{}: {}", context(), f.msg)).logged(f.logged)
+        })?;
+        let r = inst.malloc(size, device, stream_id(stream));
+        let logged = watch_device(inst, device, &r);
+        let ptr = r.map_err(|e| {
+            let fail = match e {
                 Error::OutOfMemory(m) if m.starts_with(OOM_PREFIX) => {
                     Failure::new(TORCH_ARENA_ERR_OOM, m)
                 }
@@ -538,7 +683,14 @@ pub unsafe extern "C" fn torch_arena_try_malloc(
                     ),
                 ),
                 e => Failure::with_context(&e, &context()),
-            })?;
+            };
+            if fail.code == TORCH_ARENA_ERR_OOM {
+                WARN_OOM.report(&fail.msg);
+            } else if !logged {
+                ERROR_MALLOC.report(&fail.msg);
+            }
+            fail.logged(true)
+        })?;
         if ptr == 0 && size != 0 {
             return Err(Failure::new(
                 TORCH_ARENA_ERR_OTHER,
@@ -558,7 +710,7 @@ pub unsafe extern "C" fn torch_arena_try_malloc(
 
 /// Free `ptr` (NULL: no-op). A pointer never returned, a double free or a size mismatch returns
 /// `TORCH_ARENA_ERR_BAD_POINTER` (other failures their code), changes nothing, is recorded as the
-/// last error (naming the pointer) and logged to stderr, rate-limited. Never unwinds.
+/// last error (naming the pointer) and logged at `warn`, rate-limited. Never unwinds.
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_try_free(
     ptr: *mut c_void,
@@ -574,7 +726,7 @@ pub extern "C" fn torch_arena_try_free(
         };
         let fail = match instance() {
             Err(f) => (
-                Failure::new(f.code, format!("{}: {}", context(), f.msg)),
+                Failure::new(f.code, format!("{}: {}", context(), f.msg)).logged(f.logged),
                 f.msg,
             ),
             Ok(a) => match a.free(dev_ptr(ptr), size, device, stream_id(stream)) {
@@ -610,7 +762,8 @@ pub extern "C" fn torch_arena_init(device_count: c_int) {
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_empty_cache() {
     hook("torch_arena_empty_cache", || {
-        instance()?.empty_cache()?;
+        let r = instance()?.empty_cache()?;
+        tracing::debug!("empty_cache (reset hook): {}", reclaim_text(&r));
         Ok(())
     });
 }
@@ -619,14 +772,16 @@ pub extern "C" fn torch_arena_empty_cache() {
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_set_memory_fraction(fraction: f64, device: c_int) {
     hook("torch_arena_set_memory_fraction", || {
-        instance()?
-            .set_memory_fraction(fraction, device)
-            .map_err(|e| {
-                Failure::with_context(
-                    &e,
-                    &format!("torch_arena_set_memory_fraction({fraction}, {device})"),
-                )
-            })
+        let inst = instance()?;
+        let r = inst.set_memory_fraction(fraction, device);
+        let logged = watch_device(inst, device, &r);
+        r.map_err(|e| {
+            Failure::with_context(
+                &e,
+                &format!("torch_arena_set_memory_fraction({fraction}, {device})"),
+            )
+            .logged(logged)
+        })
     });
 }
 
@@ -637,10 +792,16 @@ pub extern "C" fn torch_arena_record_stream(ptr: *mut c_void, stream: *mut c_voi
         instance()?
             .record_stream(dev_ptr(ptr), stream_id(stream))
             .map_err(|e| {
-                Failure::with_context(
+                let fail = Failure::with_context(
                     &e,
                     &format!("torch_arena_record_stream(ptr={ptr:p}, stream={stream:p})"),
-                )
+                );
+                if fail.code == TORCH_ARENA_ERR_BAD_POINTER {
+                    WARN_RECORD_STREAM.report(&fail.msg);
+                    fail.logged(true)
+                } else {
+                    fail
+                }
             })
     });
 }
@@ -735,7 +896,10 @@ pub unsafe extern "C" fn torch_arena_stats(device: c_int, values: *mut i64, n: u
                 "torch_arena_stats: the buffer holds {n} values, {count} are needed (torch_arena_stats_count)"
             )));
         }
-        let flat = stats_flatten(&instance()?.stats(device)?);
+        let inst = instance()?;
+        let r = inst.stats(device);
+        watch_device(inst, device, &r);
+        let flat = stats_flatten(&r?);
         if flat.len() != count
             || flat
                 .iter()
@@ -769,7 +933,10 @@ pub unsafe extern "C" fn torch_arena_summary(
     cap: usize,
 ) -> usize {
     let text = guarded("torch_arena_summary", || {
-        Ok(instance()?.summary(device, abbreviated != 0)?)
+        let inst = instance()?;
+        let r = inst.summary(device, abbreviated != 0);
+        watch_device(inst, device, &r);
+        Ok(r?)
     });
     // SAFETY: the caller's contract.
     unsafe { copy_out(text.as_deref().unwrap_or(""), buf, cap) }
@@ -779,7 +946,10 @@ pub unsafe extern "C" fn torch_arena_summary(
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_reset_peak_stats(device: c_int) -> c_int {
     status("torch_arena_reset_peak_stats", || {
-        Ok(instance()?.reset_peak_stats(device)?)
+        let inst = instance()?;
+        let r = inst.reset_peak_stats(device);
+        watch_device(inst, device, &r);
+        Ok(r?)
     })
 }
 
@@ -787,7 +957,10 @@ pub extern "C" fn torch_arena_reset_peak_stats(device: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_reset_accumulated_stats(device: c_int) -> c_int {
     status("torch_arena_reset_accumulated_stats", || {
-        Ok(instance()?.reset_accumulated_stats(device)?)
+        let inst = instance()?;
+        let r = inst.reset_accumulated_stats(device);
+        watch_device(inst, device, &r);
+        Ok(r?)
     })
 }
 
@@ -805,7 +978,11 @@ pub unsafe extern "C" fn torch_arena_defragment(
         if out.is_null() {
             return Err(Failure::invalid("torch_arena_defragment: out is NULL"));
         }
-        let r = instance()?.defragment(device)?;
+        let inst = instance()?;
+        let r = inst.defragment(device);
+        watch_device(inst, device, &r);
+        let r = r?;
+        tracing::debug!("defragment(device {device}): {}", reclaim_text(&r));
         // SAFETY: non-null, valid by the caller's contract.
         unsafe { *out = r.into() };
         Ok(())
@@ -827,10 +1004,80 @@ pub unsafe extern "C" fn torch_arena_empty_cache_report(
             ));
         }
         let r = instance()?.empty_cache()?;
+        tracing::debug!("empty_cache: {}", reclaim_text(&r));
         // SAFETY: non-null, valid by the caller's contract.
         unsafe { *out = r.into() };
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logging (see `crate::log`).
+
+/// Set the log level by name: `error`, `warn`, `info`, `debug`, `trace` or `off`
+/// (case-insensitive). 0, `TORCH_ARENA_ERR_CONFIG` for another name (the last error names it and
+/// the accepted ones; the level is unchanged), `TORCH_ARENA_ERR_INVALID_ARGUMENT` for NULL.
+///
+/// # Safety
+/// `level` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_set_log_level(level: *const c_char) -> c_int {
+    status("torch_arena_set_log_level", || {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(level, "torch_arena_set_log_level") }?;
+        crate::log::set_level(text).map(drop).map_err(|why| {
+            Failure::new(
+                TORCH_ARENA_ERR_CONFIG,
+                format!("torch_arena_set_log_level({text:?}): {why}"),
+            )
+        })
+    })
+}
+
+/// The log level: 0 off, 1 error, 2 warn, 3 info, 4 debug, 5 trace (not a status code).
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_log_level() -> c_int {
+    guarded("torch_arena_log_level", || {
+        Ok(c_int::from(crate::log::level()))
+    })
+    .unwrap_or(-1)
+}
+
+/// Nonzero: a consumer takes over delivery (records go to the queue, nothing to stderr);
+/// 0: back to stderr (records already queued stay until drained).
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_log_attach(attached: c_int) {
+    let _ = guarded("torch_arena_log_attach", || {
+        crate::log::attach(attached != 0);
+        Ok(())
+    });
+}
+
+/// Pop as many whole queued records as fit into `buf` (`cap` bytes, a NUL included), one line
+/// each, `LEVEL\tTARGET\tMESSAGE\n`, and return the bytes written (< `cap`; 0: empty). When the
+/// first record alone does not fit, nothing is popped and its length is returned (>= `cap`).
+/// `cap` >= 4096 always fits a record. `buf` may be NULL with `cap` 0 (a probe: 0 when empty).
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_log_drain(buf: *mut c_char, cap: usize) -> usize {
+    guarded("torch_arena_log_drain", || {
+        let out: &mut [u8] = if buf.is_null() || cap == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-null and valid for `cap` writes by the caller's contract.
+            unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) }
+        };
+        Ok(crate::log::drain_into(out))
+    })
+    .unwrap_or(0)
+}
+
+/// Records dropped so far because the queue (1024 records) was full.
+#[unsafe(no_mangle)]
+pub extern "C" fn torch_arena_log_dropped() -> u64 {
+    guarded("torch_arena_log_dropped", || Ok(crate::log::dropped())).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -458,6 +458,11 @@ impl Inner {
         // Slow path: wait for every stream so pending frees finish and every idle page is safe
         // to move, then try once more, taking pages from anywhere.
         self.stats.num_alloc_retries += 1;
+        tracing::debug!(
+            device = self.info.ordinal,
+            size,
+            "allocation retried after waiting for every stream (pages moved from anywhere)"
+        );
         self.synchronize_all()?;
         match self.try_alloc(size, s, true) {
             Ok(p) => Ok(p),
