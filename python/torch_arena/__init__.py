@@ -1,0 +1,82 @@
+"""torch-arena: a CUDA caching allocator for PyTorch, written in Rust.
+
+With no code change: ``pip install .`` then ``TORCH_ARENA=1 python train.py`` (settings in
+``TORCH_ARENA_CONF``). From code, before CUDA initialises::
+
+    import torch, torch_arena
+    torch_arena.enable()                      # or TORCH_ARENA=1 in the environment
+    x = torch.empty(1 << 20, device="cuda")   # served by torch-arena
+    print(torch_arena.memory_summary())       # torch's table, plus the arena's section
+    print(torch_arena.max_memory_allocated(), torch_arena.defragment())
+
+The statistics functions have torch.cuda.memory's names, signatures and keys, and work on the
+simulated device (``TORCH_ARENA_CONF=device:sim``) without a GPU or torch. Importing this package
+never imports torch: ``enable``, ``pool`` and ``is_enabled`` load the torch integration on first
+use.
+"""
+
+from typing import Any
+
+from ._native import OutOfMemoryError, configure, library_path
+from ._native import version as _library_version
+from .stats import (
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    defragment,
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_peak_memory_stats,
+)
+
+__version__ = _library_version()
+
+# Names served by the torch integration (._torch), imported on first access so that importing
+# torch_arena does not import torch.
+_TORCH_NAMES = ("enable", "is_enabled", "pool", "TorchArenaWarning")
+
+__all__ = [
+    "OutOfMemoryError",
+    "TorchArenaWarning",
+    "__version__",
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "configure",
+    "defragment",
+    "empty_cache",
+    "enable",
+    "is_enabled",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "pool",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        from . import _torch
+
+        value = getattr(_torch, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_TORCH_NAMES))
