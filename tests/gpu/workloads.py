@@ -1,0 +1,498 @@
+"""The programs the GPU suite runs, each in a fresh interpreter (torch allows one allocator swap
+per process, so native and torch-arena runs never share one).
+
+    python tests/gpu/workloads.py NAME [--device cuda]
+
+runs workload NAME and prints one line ``RESULT {json}`` on stdout. Whether torch-arena is the
+allocator is up to the environment (TORCH_ARENA=1 and the installed autostart .pth), exactly as
+for a user's script; every result says which allocator served it (``backend``, ``arena``).
+Not a test module: test_gpu.py starts these.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+# cuBLAS is deterministic only with a fixed workspace; it reads this when its handle is created.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+WORKLOADS: dict[str, Callable[[str], dict[str, Any]]] = {}
+
+
+def workload(fn: Callable[[str], dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+    WORKLOADS[fn.__name__] = fn
+    return fn
+
+
+def allocator_state() -> dict[str, Any]:
+    """Which allocator serves this process."""
+    import torch_arena
+
+    return {
+        "backend": torch.cuda.get_allocator_backend(),
+        "arena": torch_arena.is_enabled(),
+    }
+
+
+def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
+    """``{"ok": True, "value": ...}`` or ``{"ok": False, "error": "Type: message"}``."""
+    try:
+        value = fn()
+        try:
+            json.dumps(value)
+        except TypeError:
+            value = repr(value)[:500]
+        return {"ok": True, "value": value}
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
+
+
+def memory_figures() -> dict[str, Any]:
+    """torch.cuda's memory figures (served by torch-arena when it is the allocator) and the
+    driver's view (mem_get_info)."""
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "max_reserved": torch.cuda.max_memory_reserved(),
+        "driver_free": free,
+        "driver_total": total,
+        "stats_keys": len(torch.cuda.memory_stats()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: a small transformer, built from scratch, deterministic.
+
+
+class Block(torch.nn.Module):
+    """Pre-norm causal self-attention and an MLP, from plain matmuls (no fused SDPA kernels,
+    whose backward may not be deterministic)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.norm2 = torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / (d // h) ** 0.5
+        mask = torch.ones(t, t, device=x.device, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        att = scores.softmax(dim=-1) @ v
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(
+        self, vocab: int = 256, d: int = 256, heads: int = 4, layers: int = 4, seq: int = 128
+    ) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.zeros(seq, d))
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+@workload
+def train(device: str) -> dict[str, Any]:
+    """30 AdamW steps of TinyLM on fixed random tokens; the losses as exact hex floats."""
+    torch.manual_seed(1234)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    vocab, seq, batch, steps = 256, 128, 16, 30
+    gen = torch.Generator().manual_seed(99)
+    data = torch.randint(0, vocab, (steps, batch, seq + 1), generator=gen)
+    model = TinyLM(vocab=vocab, seq=seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    losses, t0 = [], time.perf_counter()
+    for step in range(steps):
+        chunk = data[step].to(device)
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()).hex())
+    result: dict[str, Any] = {"losses": losses, "seconds": time.perf_counter() - t0}
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        result.update(memory_figures())
+        result["summary"] = torch.cuda.memory_summary()
+        result.update(allocator_state())
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics against the driver's view.
+
+
+@workload
+def stats(device: str) -> dict[str, Any]:
+    """Allocate a known mix, read every figure, free, empty_cache, read again."""
+    base = memory_figures()
+    sizes = [512, 4096, 100_000, MiB, 3 * MiB + 7, 17 * MiB, 64 * MiB, 300 * MiB]
+    tensors = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes for _ in range(4)]
+    live = memory_figures()
+    summary = torch.cuda.memory_summary()
+    nested = torch.cuda.memory_stats_as_nested_dict()
+    del tensors
+    after_free = memory_figures()
+    torch.cuda.empty_cache()
+    after_empty = memory_figures()
+    torch.cuda.reset_peak_memory_stats()
+    after_reset = memory_figures()
+    torch.cuda.reset_accumulated_memory_stats()
+    accumulated = torch.cuda.memory_stats()["allocation.all.allocated"]
+    return {
+        "requested": 4 * sum(sizes),
+        "base": base,
+        "live": live,
+        "after_free": after_free,
+        "after_empty": after_empty,
+        "after_reset": after_reset,
+        "accumulated_after_reset": accumulated,
+        "nested_current": nested["allocated_bytes"]["all"]["current"],
+        "summary": summary,
+        **allocator_state(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# record_stream across two streams.
+
+
+def _streams(record: bool, iters: int = 40, n: int = 4 * MiB) -> dict[str, Any]:
+    """Produce on stream A, consume on B (which is held back by a sleep kernel), free the input
+    on the host, then at once allocate and overwrite same-sized tensors on A. If the freed input
+    were handed to A before B read it, B reads -1s. ``record`` says whether B is recorded on the
+    input (tensor.record_stream), as correct code must."""
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    kept = []
+    for i in range(iters):
+        with torch.cuda.stream(a):
+            x = torch.full((n,), float(i), device="cuda")
+            ready = a.record_event()
+        with torch.cuda.stream(b):
+            b.wait_event(ready)
+            torch.cuda._sleep(10_000_000)  # ~5 ms: B reads x well after the host frees it
+            y = x * 2
+            if record:
+                x.record_stream(b)
+        del x
+        with torch.cuda.stream(a):
+            junk = [torch.full((n,), -1.0, device="cuda") for _ in range(3)]
+            load = torch.randn(1024, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
+        kept.append((i, y, junk, load))
+    torch.cuda.synchronize()
+    wrong = [i for i, y, _, _ in kept if not bool((y == 2.0 * i).all())]
+    return {"iterations": iters, "wrong": wrong}
+
+
+@workload
+def record_stream(device: str) -> dict[str, Any]:
+    return {
+        "with_record_stream": _streams(record=True),
+        # Informative: without record_stream the reuse is legal and B may read overwritten
+        # memory; shows that the test above can see a premature reuse at all.
+        "without_record_stream": _streams(record=False),
+        **allocator_state(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Out of memory.
+
+
+@workload
+def oom(device: str) -> dict[str, Any]:
+    """Ask for more than the GPU has, then fill it in 1 GiB pieces until it is full; after each
+    OOM the process must allocate again."""
+    free, total = torch.cuda.mem_get_info()
+    out: dict[str, Any] = {"total": total, "free_at_start": free}
+
+    def too_big() -> None:
+        torch.empty(total * 2, dtype=torch.uint8, device=device)
+
+    out["too_big"] = _oom_outcome(too_big)
+    x = torch.ones(MiB, device=device)
+    out["after_too_big"] = float(x.sum().item())
+    del x
+
+    chunks = []
+
+    def fill() -> None:
+        while True:
+            chunks.append(torch.empty(GiB, dtype=torch.uint8, device=device))
+
+    out["fill"] = _oom_outcome(fill)
+    out["chunks"] = len(chunks)
+    out["reserved_when_full"] = torch.cuda.memory_reserved()
+    chunks.clear()
+    y = torch.ones(MiB, device=device)
+    out["after_fill"] = float(y.sum().item())
+    # The memory really came back: most of it can be taken again in one piece.
+    again = torch.empty(max(out["chunks"] - 2, 1) * GiB, dtype=torch.uint8, device=device)
+    out["again_bytes"] = again.numel()
+    del again, y
+    out["num_ooms"] = torch.cuda.memory_stats()["num_ooms"]
+    out.update(allocator_state())
+    return out
+
+
+def _oom_outcome(fn: Callable[[], None]) -> dict[str, Any]:
+    try:
+        fn()
+    except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError too
+        return {"raised": True, "type": type(exc).__name__, "message": str(exc)[:2000]}
+    return {"raised": False}
+
+
+@workload
+def memory_fraction(device: str) -> dict[str, Any]:
+    """set_per_process_memory_fraction caps the allocator (our hook under torch-arena)."""
+    free, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    small = outcome(lambda: torch.empty(total // 10, dtype=torch.uint8, device=device).numel())
+    big = _oom_outcome(lambda: torch.empty(total // 2, dtype=torch.uint8, device=device))
+    return {"total": total, "small": small, "big": big, **allocator_state()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pool mode: native allocator global, torch-arena behind a MemPool.
+
+
+@workload
+def pool(device: str) -> dict[str, Any]:
+    import torch_arena
+    from torch_arena import _native
+
+    out: dict[str, Any] = {**allocator_state()}
+    with torch_arena.pool() as first:
+        inside = [torch.ones(n, device=device) for n in (1 << 10, MiB, 8 * MiB)]
+    outside = torch.ones(MiB, device=device)
+    with torch_arena.pool() as second:
+        more = torch.ones(MiB, device=device)
+    out["same_pool"] = first is second
+    out["values"] = [float(t.sum().item()) for t in (*inside, outside, more)]
+
+    def ours(t: torch.Tensor) -> bool:
+        try:
+            _native.base_alloc(t.data_ptr())
+            return True
+        except ValueError:
+            return False
+
+    out["inside_from_arena"] = [ours(t) for t in (*inside, more)]
+    out["outside_from_arena"] = ours(outside)
+    out["arena_reserved"] = torch_arena.memory_reserved()
+    out["arena_allocated"] = torch_arena.memory_allocated()
+    out["native_allocated"] = torch.cuda.memory_allocated()
+    out["native_stats_keys"] = len(torch.cuda.memory_stats())
+    out["native_summary_ok"] = "PyTorch CUDA memory summary" in torch.cuda.memory_summary()
+    out["snapshot"] = outcome(lambda: len(torch.cuda.memory._snapshot()["segments"]))
+    del inside, more, outside
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    out["arena_allocated_after_empty_cache"] = torch_arena.memory_allocated()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes: what works and what raises under the pluggable allocator (recorded for docs/python.md).
+
+
+@workload
+def probes(device: str) -> dict[str, Any]:
+    x = torch.ones(MiB, device=device)
+    out: dict[str, Any] = {**allocator_state()}
+    acc = getattr(torch, "accelerator", None)
+    for name in (
+        "memory_stats",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_reserved",
+        "empty_cache",
+        "reset_peak_memory_stats",
+    ):
+        fn = getattr(acc, name, None)
+        if fn is None:
+            out[f"accelerator.{name}"] = {"ok": False, "error": "missing"}
+        else:
+            out[f"accelerator.{name}"] = outcome(lambda fn=fn: _size_of(fn()))
+    # PyTorch's own torch.accelerator functions, which enable() replaced: what they do under a
+    # pluggable allocator (expected: they read the unused native allocator).
+    from torch_arena import _torch as integration
+
+    for name in ("memory_stats", "memory_allocated"):
+        fn = integration.original(name, "torch.accelerator")
+        if fn is not None:
+            out[f"accelerator.{name}.original"] = outcome(lambda fn=fn: _size_of(fn()))
+    out["get_per_process_memory_fraction"] = outcome(torch.cuda.get_per_process_memory_fraction)
+    out["_snapshot"] = outcome(lambda: len(torch.cuda.memory._snapshot()["segments"]))
+    out["_record_memory_history"] = outcome(torch.cuda.memory._record_memory_history)
+    out["memory_snapshot"] = outcome(lambda: len(torch.cuda.memory_snapshot()))
+    out["MemPool"] = outcome(lambda: torch.cuda.MemPool().id)
+    out["empty_cache"] = outcome(torch.cuda.empty_cache)
+
+    def raw() -> int:
+        p = torch.cuda.caching_allocator_alloc(4 * MiB)
+        torch.cuda.caching_allocator_delete(p)
+        return p
+
+    out["caching_allocator_alloc"] = outcome(raw)
+    out["mem_get_info"] = outcome(torch.cuda.mem_get_info)
+    out["list_gpu_processes"] = outcome(lambda: torch.cuda.list_gpu_processes()[:200])
+    out["x"] = float(x.sum().item())
+    out["lightning"] = outcome(_lightning_stats)
+    out["transformers"] = outcome(_transformers_tracker)
+    return out
+
+
+def _size_of(value: Any) -> Any:
+    """A dict's length (its keys tell nothing here), anything else as is."""
+    return len(value) if isinstance(value, dict) else value
+
+
+def _lightning_stats() -> int:
+    try:
+        from lightning.pytorch.accelerators import CUDAAccelerator
+    except ImportError:
+        from pytorch_lightning.accelerators import CUDAAccelerator
+    return len(CUDAAccelerator().get_device_stats(torch.device("cuda", 0)))
+
+
+def _transformers_tracker() -> dict[str, Any]:
+    from transformers.trainer_utils import TrainerMemoryTracker
+
+    tracker = TrainerMemoryTracker(skip_memory_metrics=False)
+    metrics: dict[str, Any] = {}
+
+    def train() -> None:  # the tracker reads the stage from its caller's name
+        tracker.start()
+        y = torch.ones(16 * MiB, device="cuda")
+        del y
+        tracker.stop_and_update_metrics(metrics)
+
+    train()
+    return metrics
+
+
+@workload
+def cudnn(device: str) -> dict[str, Any]:
+    """A convolution forward and backward, first with cudnn.benchmark False, then True."""
+
+    def conv(benchmark: bool) -> float:
+        torch.backends.cudnn.benchmark = benchmark
+        layer = torch.nn.Conv2d(16, 32, 3, padding=1).to(device)
+        inp = torch.randn(8, 16, 64, 64, device=device, requires_grad=True)
+        out = layer(inp)
+        out.sum().backward()
+        torch.cuda.synchronize()
+        return float(inp.grad.abs().sum().item())
+
+    return {
+        "benchmark_false": outcome(lambda: conv(False)),
+        "benchmark_true": outcome(lambda: conv(True)),
+        **allocator_state(),
+    }
+
+
+@workload
+def graphs(device: str) -> dict[str, Any]:
+    """torch.cuda.graph capture and replay (no error is expected from PyTorch; safety is the
+    allocator's)."""
+    static_in = torch.ones(MiB, device=device)
+
+    def capture() -> list[float]:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                (static_in * 2).sum()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = (static_in * 2 + 1).sum()
+        values = []
+        for v in (1.0, 2.0, 3.0):
+            static_in.fill_(v)
+            g.replay()
+            torch.cuda.synchronize()
+            values.append(float(static_out.item()))
+        return values
+
+    return {"capture": outcome(capture), **allocator_state()}
+
+
+@workload
+def compile_default(device: str) -> dict[str, Any]:
+    """torch.compile with the default mode (no CUDA graphs)."""
+    fn = torch.compile(lambda a: (a.sin() * 2 + a.cos()).sum())
+    a = torch.ones(MiB, device=device)
+    return {"compile": outcome(lambda: float(fn(a).item())), **allocator_state()}
+
+
+@workload
+def compile_reduce_overhead(device: str) -> dict[str, Any]:
+    """torch.compile(mode="reduce-overhead"): inductor's CUDA graph trees."""
+    fn = torch.compile(lambda a: (a.sin() * 2 + a.cos()).sum(), mode="reduce-overhead")
+    a = torch.ones(MiB, device=device)
+
+    def run() -> float:
+        for _ in range(3):
+            r = fn(a)
+        return float(r.item())
+
+    return {"compile": outcome(run), **allocator_state()}
+
+
+def main(argv: list[str]) -> int:
+    name = argv[1]
+    device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
+    try:
+        result = WORKLOADS[name](device)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    result["pid"] = os.getpid()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
