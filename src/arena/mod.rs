@@ -515,14 +515,20 @@ impl Inner {
             self.nonempty_slab_bytes += self.classes.get(ci).pages * self.page;
         }
         self.partial_slabs += partial(was.0 + 1, was.1) - partial(was.0, was.1);
-        let st = &mut self.stats;
-        st.allocation.increase(Pool::Small, 1);
-        st.active.increase(Pool::Small, 1);
-        st.allocated_bytes.increase(Pool::Small, slot as i64);
-        st.active_bytes.increase(Pool::Small, slot as i64);
-        st.requested_bytes.increase(Pool::Small, size as i64);
-        self.update_inactive_split(Pool::Small);
+        self.count_alloc(Pool::Small, size, slot);
         Ok(ptr)
+    }
+
+    /// A new live allocation of a `block`-byte block for a request of `size` bytes.
+    #[inline]
+    fn count_alloc(&mut self, pool: Pool, size: u64, block: u64) {
+        let st = &mut self.stats;
+        st.allocation.increase(pool, 1);
+        st.active.increase(pool, 1);
+        st.allocated_bytes.increase(pool, block as i64);
+        st.active_bytes.increase(pool, block as i64);
+        st.requested_bytes.increase(pool, size as i64);
+        self.update_inactive_split(pool);
     }
 
     /// The current slab of class `ci` is full (or absent): make the fullest partial slab current,
@@ -626,13 +632,7 @@ impl Inner {
                 pending: false,
             },
         );
-        let st = &mut self.stats;
-        st.allocation.increase(Pool::Large, 1);
-        st.active.increase(Pool::Large, 1);
-        st.allocated_bytes.increase(Pool::Large, len as i64);
-        st.active_bytes.increase(Pool::Large, len as i64);
-        st.requested_bytes.increase(Pool::Large, size as i64);
-        self.update_inactive_split(Pool::Large);
+        self.count_alloc(Pool::Large, size, len);
         Ok(addr)
     }
 
@@ -1799,7 +1799,7 @@ fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
 }
 
 /// PyTorch's `format_size`: "512 bytes", "1.50 KiB", "20.00 MiB", "3.25 GiB".
-pub fn format_size(bytes: u64) -> String {
+fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < 1024 {
         return format!("{bytes} bytes");
