@@ -47,10 +47,10 @@ use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
 use crate::allocator::{MAX_DEVICES, TorchArena};
-use crate::arena::ReclaimReport;
+use crate::arena::{ReclaimReport, format_size};
 use crate::config::Config;
 use crate::device::{DevPtr, DeviceError, StreamId};
-use crate::error::Error;
+use crate::error::{Error, PointerFault};
 use crate::stats::DeviceStats;
 
 // ---------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ fn error_code(e: &Error) -> c_int {
     match e {
         Error::OutOfMemory(_) | Error::Device(DeviceError::OutOfMemory) => TORCH_ARENA_ERR_OOM,
         Error::Config(_) => TORCH_ARENA_ERR_CONFIG,
-        Error::BadPointer(_) => TORCH_ARENA_ERR_BAD_POINTER,
+        Error::BadPointer(..) => TORCH_ARENA_ERR_BAD_POINTER,
         Error::BadDevice(_) => TORCH_ARENA_ERR_BAD_DEVICE,
         Error::Device(_) => TORCH_ARENA_ERR_OTHER,
     }
@@ -344,25 +344,18 @@ static ERROR_DEVICE_OPEN: Reporter = Reporter::error("device open failed");
 /// Frees that failed (any reason), counted at the boundary.
 static BAD_FREES: AtomicU64 = AtomicU64::new(0);
 
-/// Count and log a failed free. `cause` is the error without the call context, which decides the
-/// kind (the arena's messages say "double free" / "size mismatch"; anything else is an unknown
-/// pointer).
-fn warn_free(fail: &Failure, cause: &str) {
+/// Count and log a failed free, under the category of its pointer fault (`None`: the free failed
+/// for another reason).
+fn warn_free(fail: &Failure, fault: Option<PointerFault>) {
     BAD_FREES.fetch_add(1, Ordering::Relaxed);
     if fail.logged {
         return;
     }
-    let kind = if fail.code == TORCH_ARENA_ERR_BAD_POINTER {
-        let lower = cause.to_ascii_lowercase();
-        if lower.contains("size mismatch") {
-            &WARN_SIZE_MISMATCH
-        } else if lower.contains("double free") || lower.contains("already freed") {
-            &WARN_DOUBLE_FREE
-        } else {
-            &WARN_UNKNOWN_POINTER
-        }
-    } else {
-        &WARN_FREE_FAILED
+    let kind = match fault {
+        Some(PointerFault::SizeMismatch) => &WARN_SIZE_MISMATCH,
+        Some(PointerFault::Freed) => &WARN_DOUBLE_FREE,
+        Some(PointerFault::Unknown | PointerFault::Interior) => &WARN_UNKNOWN_POINTER,
+        None => &WARN_FREE_FAILED,
     };
     kind.report(&fail.msg);
 }
@@ -414,8 +407,8 @@ fn watch_device_slow(
                 tracing::info!(
                     "opened device {device} ({}): {} of memory, allocation granularity {}, {}",
                     info.name,
-                    format_size(info.total_bytes as usize),
-                    format_size(info.granularity as usize),
+                    format_size(info.total_bytes),
+                    format_size(info.granularity),
                     if info.vmm {
                         "virtual memory management (VMM) supported"
                     } else {
@@ -443,8 +436,8 @@ fn reclaim_text(r: &ReclaimReport) -> String {
         r.slabs_released,
         r.pages_unmapped,
         r.pages_released,
-        format_size(r.bytes_recovered as usize),
-        format_size(r.bytes_released as usize)
+        format_size(r.bytes_recovered),
+        format_size(r.bytes_released)
     )
 }
 
@@ -527,21 +520,6 @@ fn stream_id(stream: *mut c_void) -> StreamId {
 
 fn dev_ptr(ptr: *mut c_void) -> DevPtr {
     ptr as usize as DevPtr
-}
-
-/// PyTorch's `format_size`: "512 bytes", "3.00 KiB", "20.00 MiB", "1.50 GiB".
-fn format_size(n: usize) -> String {
-    const KIB: f64 = 1024.0;
-    let f = n as f64;
-    if n < 1024 {
-        format!("{n} bytes")
-    } else if f < KIB * KIB {
-        format!("{:.2} KiB", f / KIB)
-    } else if f < KIB * KIB * KIB {
-        format!("{:.2} MiB", f / (KIB * KIB))
-    } else {
-        format!("{:.2} GiB", f / (KIB * KIB * KIB))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -673,13 +651,13 @@ pub unsafe extern "C" fn torch_arena_try_malloc(
                 }
                 Error::OutOfMemory(m) => Failure::new(
                     TORCH_ARENA_ERR_OOM,
-                    format!("{OOM_PREFIX} {}. {m}", format_size(size)),
+                    format!("{OOM_PREFIX} {}. {m}", format_size(size as u64)),
                 ),
                 Error::Device(DeviceError::OutOfMemory) => Failure::new(
                     TORCH_ARENA_ERR_OOM,
                     format!(
                         "{OOM_PREFIX} {}. The device is out of memory (device {device})",
-                        format_size(size)
+                        format_size(size as u64)
                     ),
                 ),
                 e => Failure::with_context(&e, &context()),
@@ -724,18 +702,24 @@ pub extern "C" fn torch_arena_try_free(
                 "torch_arena_free(ptr={ptr:p}, size={size}, device={device}, stream={stream:p})"
             )
         };
-        let fail = match instance() {
+        let (fail, fault) = match instance() {
             Err(f) => (
                 Failure::new(f.code, format!("{}: {}", context(), f.msg)).logged(f.logged),
-                f.msg,
+                None,
             ),
             Ok(a) => match a.free(dev_ptr(ptr), size, device, stream_id(stream)) {
                 Ok(()) => return Ok(()),
-                Err(e) => (Failure::with_context(&e, &context()), e.to_string()),
+                Err(e) => {
+                    let fault = match e {
+                        Error::BadPointer(fault, _) => Some(fault),
+                        _ => None,
+                    };
+                    (Failure::with_context(&e, &context()), fault)
+                }
             },
         };
-        warn_free(&fail.0, &fail.1);
-        Err(fail.0)
+        warn_free(&fail, fault);
+        Err(fail)
     })
 }
 

@@ -12,7 +12,7 @@ use crate::device::{
     cuda::CudaDevice,
     sim::{SimConfig, SimDevice},
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, PointerFault, Result};
 use crate::stats::DeviceStats;
 
 /// Most devices one process may address (CUDA's own limit is far below this).
@@ -109,7 +109,10 @@ impl TorchArena {
             .map(|(_, a)| a)
             .find(|a| a.owns(ptr))
             .ok_or_else(|| {
-                Error::BadPointer(format!("pointer {ptr:#x} was not allocated by torch-arena"))
+                Error::BadPointer(
+                    PointerFault::Unknown,
+                    format!("pointer {ptr:#x} was not allocated by torch-arena"),
+                )
             })
     }
 

@@ -13,8 +13,9 @@ pub enum Error {
     Device(DeviceError),
     /// A request could not be met. The text starts with "CUDA out of memory. Tried to allocate".
     OutOfMemory(String),
-    /// A free or record_stream named a pointer we never returned, or one already freed.
-    BadPointer(String),
+    /// A free or record_stream named a pointer we never returned, or one already freed: which
+    /// fault it was, and the message.
+    BadPointer(PointerFault, String),
     /// A device ordinal outside what was configured.
     BadDevice(String),
 }
@@ -24,7 +25,7 @@ impl fmt::Display for Error {
         match self {
             Error::Config(m)
             | Error::OutOfMemory(m)
-            | Error::BadPointer(m)
+            | Error::BadPointer(_, m)
             | Error::BadDevice(m) => f.write_str(m),
             Error::Device(e) => write!(f, "{e}"),
         }
@@ -32,6 +33,19 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// What was wrong with a pointer handed back to us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointerFault {
+    /// Not in memory this allocator manages.
+    Unknown,
+    /// Ours, but not a live allocation: freed already (or never handed out).
+    Freed,
+    /// Inside a live allocation, not at its start.
+    Interior,
+    /// A live allocation freed with another size than it was requested with (it is freed).
+    SizeMismatch,
+}
 
 impl From<DeviceError> for Error {
     fn from(e: DeviceError) -> Self {

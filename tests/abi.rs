@@ -3,31 +3,16 @@
 //! tests never depend on each other's order.
 
 use std::ffi::{CStr, CString, c_char, c_void};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::MutexGuard;
 
 use torch_arena::abi::*;
 
-const CONF: &str = "device:sim,sim_capacity_mb:256,sim_backing:True";
+#[path = "common/abi_session.rs"]
+mod abi_session;
+use abi_session::{CONF, last_error};
 
 fn setup() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    static CONFIGURE: Once = Once::new();
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    CONFIGURE.call_once(|| {
-        let conf = CString::new(CONF).unwrap();
-        let rc = unsafe { torch_arena_configure(conf.as_ptr()) };
-        assert_eq!(rc, TORCH_ARENA_OK, "configure({CONF}): {}", last_error());
-    });
-    guard
-}
-
-fn last_error() -> String {
-    let n = unsafe { torch_arena_last_error(std::ptr::null_mut(), 0) };
-    let mut buf = vec![0x55u8; n + 1];
-    let m = unsafe { torch_arena_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    assert_eq!(m, n);
-    assert_eq!(buf[n], 0, "not NUL-terminated");
-    String::from_utf8(buf[..n].to_vec()).unwrap()
+    abi_session::session()
 }
 
 fn configure(conf: &str) -> i32 {

@@ -8,35 +8,23 @@
 
 use std::ffi::{CString, c_char, c_void};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::MutexGuard;
 
 use torch_arena::abi::*;
 use torch_arena::log as arena_log;
 
-const CONF: &str = "device:sim,sim_capacity_mb:256,sim_backing:True";
+#[path = "common/abi_session.rs"]
+mod abi_session;
+use abi_session::{CONF, last_error};
 /// Set in a child process: which scenario [`child_process`] runs.
 const CHILD_ENV: &str = "TORCH_ARENA_LOG_TEST_CHILD";
 
 fn setup() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    static CONFIGURE: Once = Once::new();
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    CONFIGURE.call_once(|| {
-        let conf = CString::new(CONF).unwrap();
-        let rc = unsafe { torch_arena_configure(conf.as_ptr()) };
-        assert_eq!(rc, TORCH_ARENA_OK, "configure({CONF}): {}", last_error());
-    });
+    let guard = abi_session::session();
     assert_eq!(set_level("warn"), TORCH_ARENA_OK);
     torch_arena_log_attach(1);
     drain();
     guard
-}
-
-fn last_error() -> String {
-    let n = unsafe { torch_arena_last_error(std::ptr::null_mut(), 0) };
-    let mut buf = vec![0u8; n + 1];
-    unsafe { torch_arena_last_error(buf.as_mut_ptr().cast::<c_char>(), buf.len()) };
-    String::from_utf8(buf[..n].to_vec()).unwrap()
 }
 
 fn set_level(name: &str) -> i32 {

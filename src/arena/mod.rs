@@ -39,7 +39,7 @@ use parking_lot::Mutex;
 
 use crate::config::Config;
 use crate::device::{DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, StreamId};
-use crate::error::{Error, Result};
+use crate::error::{Error, PointerFault, Result};
 use crate::stats::{DeviceStats, Pool};
 use heap::Heap;
 use slab::Slab;
@@ -356,9 +356,12 @@ impl Arena {
         let mut g = self.inner.lock();
         let (base, owner) = g.live_allocation(ptr).ok_or_else(|| {
             g.bad_frees += 1;
-            Error::BadPointer(format!(
-                "record_stream: pointer {ptr:#x} is not inside a live torch-arena allocation"
-            ))
+            Error::BadPointer(
+                PointerFault::Unknown,
+                format!(
+                    "record_stream: pointer {ptr:#x} is not inside a live torch-arena allocation"
+                ),
+            )
         })?;
         if g.streams[owner as usize].id != stream {
             let list = g.recorded.entry(base).or_default();
@@ -373,9 +376,10 @@ impl Arena {
     pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
         let g = self.inner.lock();
         let (base, _) = g.live_allocation(ptr).ok_or_else(|| {
-            Error::BadPointer(format!(
-                "base_alloc: pointer {ptr:#x} is not inside a live torch-arena allocation"
-            ))
+            Error::BadPointer(
+                PointerFault::Unknown,
+                format!("base_alloc: pointer {ptr:#x} is not inside a live torch-arena allocation"),
+            )
         })?;
         Ok((base, g.block_len(base)))
     }
@@ -1073,10 +1077,13 @@ impl Inner {
 
     fn free(&mut self, ptr: u64, size: Option<u64>) -> Result<()> {
         let region = self.region_of(ptr).ok_or_else(|| {
-            Error::BadPointer(format!(
-                "free: pointer {ptr:#x} was not allocated by torch-arena on device {}",
-                self.info.ordinal
-            ))
+            Error::BadPointer(
+                PointerFault::Unknown,
+                format!(
+                    "free: pointer {ptr:#x} was not allocated by torch-arena on device {}",
+                    self.info.ordinal
+                ),
+            )
         })?;
         if !self.pending_ptrs.is_empty() && self.pending_ptrs.contains_key(&ptr) {
             return Err(self.double_free(ptr));
@@ -1113,27 +1120,36 @@ impl Inner {
             None => self.finish_free(ptr, found),
         }
         match size {
-            Some(size) if size != requested => Err(Error::BadPointer(format!(
-                "free: size mismatch for pointer {ptr:#x}: freed with size {size}, allocated with size \
+            Some(size) if size != requested => Err(Error::BadPointer(
+                PointerFault::SizeMismatch,
+                format!(
+                    "free: size mismatch for pointer {ptr:#x}: freed with size {size}, allocated with size \
                  {requested} (the allocation was freed)"
-            ))),
+                ),
+            )),
             _ => Ok(()),
         }
     }
 
     fn not_live(&self, ptr: u64) -> Error {
         match self.live_allocation(ptr) {
-            Some((base, _)) => Error::BadPointer(format!(
-                "free: pointer {ptr:#x} points inside the allocation at {base:#x}; free the base pointer"
-            )),
+            Some((base, _)) => Error::BadPointer(
+                PointerFault::Interior,
+                format!(
+                    "free: pointer {ptr:#x} points inside the allocation at {base:#x}; free the base pointer"
+                ),
+            ),
             None => self.double_free(ptr),
         }
     }
 
     fn double_free(&self, ptr: u64) -> Error {
-        Error::BadPointer(format!(
-            "free: pointer {ptr:#x} is not a live allocation (double free, or freed before it was returned)"
-        ))
+        Error::BadPointer(
+            PointerFault::Freed,
+            format!(
+                "free: pointer {ptr:#x} is not a live allocation (double free, or freed before it was returned)"
+            ),
+        )
     }
 
     /// Record an event on each stream the allocation was used on; reuse waits for them.
@@ -1799,7 +1815,7 @@ fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
 }
 
 /// PyTorch's `format_size`: "512 bytes", "1.50 KiB", "20.00 MiB", "3.25 GiB".
-fn format_size(bytes: u64) -> String {
+pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < 1024 {
         return format!("{bytes} bytes");
