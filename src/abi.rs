@@ -148,7 +148,7 @@ fn error_code(e: &Error) -> c_int {
         Error::Config(_) => TORCH_ARENA_ERR_CONFIG,
         Error::BadPointer(..) => TORCH_ARENA_ERR_BAD_POINTER,
         Error::BadDevice(_) => TORCH_ARENA_ERR_BAD_DEVICE,
-        Error::Device(_) => TORCH_ARENA_ERR_OTHER,
+        Error::Device(_) | Error::Trace(_) => TORCH_ARENA_ERR_OTHER,
     }
 }
 

@@ -71,6 +71,9 @@ pub struct Config {
     pub release_idle_ms: u64,
     /// `memory_fraction:F`: cap on reserved bytes as a fraction of device memory, in (0, 1].
     pub memory_fraction: f64,
+    /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
+    /// Python package); `None` = no recording.
+    pub trace: Option<String>,
 }
 
 impl Default for Config {
@@ -86,6 +89,7 @@ impl Default for Config {
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
+            trace: None,
         }
     }
 }
@@ -127,7 +131,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 10] = [
+const KEY_DEFS: [KeyDef; 11] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -243,6 +247,17 @@ const KEY_DEFS: [KeyDef; 10] = [
             Some(())
         },
         show: |c| c.memory_fraction.to_string(),
+    },
+    KeyDef {
+        name: "trace",
+        help: "record every alloc and free of this process to this file, in the torch-arena-trace \
+               format; {rank} and {pid} are replaced (default: no recording)",
+        forms: "a file path without ',', ':', '[' or ']', such as /tmp/run-{rank}.trace",
+        set: |c, v| {
+            c.trace = Some(v.to_string()).filter(|p| !p.is_empty());
+            c.trace.as_ref().map(|_| ())
+        },
+        show: |c| c.trace.clone().unwrap_or_default(),
     },
 ];
 
@@ -561,10 +576,14 @@ impl Config {
 impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, def) in KEY_DEFS.iter().enumerate() {
+            let value = (def.show)(self);
+            if value.is_empty() {
+                continue; // unset optional key (trace): nothing to print back
+            }
             if i > 0 {
                 f.write_str(",")?;
             }
-            write!(f, "{}:{}", def.name, (def.show)(self))?;
+            write!(f, "{}:{}", def.name, value)?;
         }
         Ok(())
     }

@@ -18,6 +18,9 @@ pub enum Error {
     BadPointer(PointerFault, String),
     /// A device ordinal outside what was configured.
     BadDevice(String),
+    /// A trace file that cannot be read, written or parsed: the message names the file and, for
+    /// corrupt content, the byte offset or line.
+    Trace(String),
 }
 
 impl fmt::Display for Error {
@@ -26,7 +29,8 @@ impl fmt::Display for Error {
             Error::Config(m)
             | Error::OutOfMemory(m)
             | Error::BadPointer(_, m)
-            | Error::BadDevice(m) => f.write_str(m),
+            | Error::BadDevice(m)
+            | Error::Trace(m) => f.write_str(m),
             Error::Device(e) => write!(f, "{e}"),
         }
     }

@@ -13,6 +13,8 @@ pub mod device;
 pub mod error;
 pub mod log;
 pub mod stats;
+pub mod trace;
+pub mod track;
 
 pub use allocator::TorchArena;
 pub use config::Config;

@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -41,6 +41,7 @@ const KEYS: [&str; 10] = [
     "stitch",
     "release_idle_ms",
     "memory_fraction",
+    "trace",
 ];
 
 // ---- defaults and every key ----------------------------------------------------------------
@@ -67,7 +68,8 @@ fn empty_text_is_the_defaults() {
 fn every_key_parses() {
     let c = parse(
         "device:sim,sim_capacity_mb:1024,sim_backing:True,sim_granularity_kb:64,sim_vmm:False,\
-         sim_devices:8,page_size_mb:4,stitch:False,release_idle_ms:1500,memory_fraction:0.25",
+         sim_devices:8,page_size_mb:4,stitch:False,release_idle_ms:1500,memory_fraction:0.25,\
+         trace:/tmp/run-{rank}.trace",
     );
     assert_eq!(
         c,
@@ -82,6 +84,7 @@ fn every_key_parses() {
             stitch: false,
             release_idle_ms: 1500,
             memory_fraction: 0.25,
+            trace: Some("/tmp/run-{rank}.trace".into()),
         }
     );
 }
@@ -347,7 +350,7 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, stitch, release_idle_ms, memory_fraction"
+         page_size_mb, stitch, release_idle_ms, memory_fraction, trace"
     );
     fails_with(
         "Stitch:True",
@@ -461,8 +464,24 @@ fn accepted_keys_is_the_single_table() {
         .split(',')
         .map(|kv| kv.split_once(':').unwrap())
         .collect();
-    assert_eq!(defaults.iter().map(|(k, _)| *k).collect::<Vec<_>>(), KEYS);
-    for ((key, help), (dkey, dvalue)) in table.iter().zip(&defaults) {
+    // Optional keys (unset by default) are left out of Display; their help says so.
+    let optional: Vec<&(&str, &str)> = table
+        .iter()
+        .filter(|(k, _)| !defaults.iter().any(|(d, _)| d == k))
+        .collect();
+    assert_eq!(
+        optional.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        ["trace"]
+    );
+    for (key, help) in optional {
+        assert!(help.ends_with("(default: no recording)"), "{key}: {help:?}");
+    }
+    let listed: Vec<&(&str, &str)> = table.iter().filter(|(k, _)| *k != "trace").collect();
+    assert_eq!(
+        defaults.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        listed.iter().map(|(k, _)| *k).collect::<Vec<_>>()
+    );
+    for ((key, help), (dkey, dvalue)) in listed.into_iter().zip(&defaults) {
         assert_eq!(key, dkey);
         assert!(
             help.ends_with(&format!("(default {dvalue})")),

@@ -29,12 +29,14 @@ fn readme_lists_every_configuration_key() {
         );
     }
     for key in &documented {
-        let err = Config::parse(&format!("{key}:???"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            !err.contains("unknown key"),
-            "README documents '{key}', which the parser refuses: {err}"
-        );
+        // "???" is a bad value for most keys and a valid path for `trace`; either way the key
+        // itself must be known.
+        if let Err(e) = Config::parse(&format!("{key}:???")) {
+            let err = e.to_string();
+            assert!(
+                !err.contains("unknown key"),
+                "README documents '{key}', which the parser refuses: {err}"
+            );
+        }
     }
 }

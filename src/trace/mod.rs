@@ -1,0 +1,127 @@
+//! Allocation traces: the event model every importer produces and the replayer consumes.
+//!
+//! Sources: our own recordings ([`format`], written by the plugin with `trace:PATH`), PyTorch
+//! memory snapshots ([`torch_snapshot`], read through the restricted unpickler in [`pickle`]),
+//! RMM `logging_resource_adaptor` CSV logs ([`rmm`]) and synthetic workloads ([`synth`]).
+//! [`load`] picks the importer from the file's content. [`replay`] runs a trace through the arena
+//! on a simulated device; [`native`] emulates PyTorch's native caching allocator on the same
+//! trace; [`plot`] draws both.
+
+pub mod format;
+pub mod native;
+pub mod pickle;
+pub mod plot;
+pub mod replay;
+pub mod rmm;
+pub mod synth;
+pub mod torch_snapshot;
+
+mod import;
+pub use import::load;
+
+/// Whether an event hands out or gives back memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Alloc,
+    Free,
+}
+
+/// One allocation or free. `id` links a free to its alloc: importers give every allocation a
+/// unique id (addresses are reused in a source trace; ids never are within one trace).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub op: Op,
+    pub id: u64,
+    /// Requested bytes (for a free: the bytes of the allocation it ends).
+    pub size: u64,
+    pub stream: u64,
+    /// Microseconds since the trace began (0 where the source has no clock).
+    pub time_us: i64,
+    /// Index into [`Trace::sites`]; 0 = unknown.
+    pub site: u32,
+}
+
+/// Where a trace came from, and how complete its start is (see `../shared/traces/INDEX.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Recorded from an empty allocator: nothing was live before the first event.
+    Fresh,
+    /// Some memory was live, or reserved, before recording began; the live set is seeded.
+    Partial,
+    /// No segment events: the native allocator had reserved everything before the window.
+    Warm,
+    /// Segments and blocks only: replayed as the allocation of the live set.
+    StateOnly,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Fresh => "fresh",
+            Kind::Partial => "partial",
+            Kind::Warm => "warm",
+            Kind::StateOnly => "state",
+        }
+    }
+}
+
+/// The format a trace was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// `torch-arena-trace` text format (ours), with its version.
+    Arena(u32),
+    /// A PyTorch `_dump_snapshot` pickle.
+    TorchSnapshot,
+    /// An RMM `logging_resource_adaptor` CSV log.
+    RmmCsv,
+    /// Generated in process ([`synth`]).
+    Synthetic,
+}
+
+/// What PyTorch's native allocator reserved over the trace, from the trace's own segment events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NativeReserved {
+    /// Reserved bytes before the first event.
+    pub initial: u64,
+    /// `(index into Trace::events, reserved bytes from that event on)`, in event order. The
+    /// index is of the first replayed event at or after the segment event.
+    pub changes: Vec<(usize, u64)>,
+    /// The most reserved at any point.
+    pub peak: u64,
+}
+
+/// An allocation trace of one device, ready to replay.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    /// File name (or synthetic name) for reports.
+    pub name: String,
+    pub source: Source,
+    pub kind: Kind,
+    /// The device the events are from (multi-device sources: the one with the most events).
+    pub device: i32,
+    /// The first `seeded` events are allocations of what was live before the trace began; a
+    /// replay performs them before event 0 of the recorded window (they count as events).
+    pub seeded: usize,
+    pub events: Vec<Event>,
+    /// Interned allocation sites, index 0 = "unknown". Text such as `train.py:40 in step`.
+    pub sites: Vec<String>,
+    /// Native reserved bytes, where the source records them (PyTorch snapshots).
+    pub native: Option<NativeReserved>,
+}
+
+impl Trace {
+    /// Most requested bytes live at once, seeded live set included.
+    pub fn peak_requested(&self) -> u64 {
+        let (mut live, mut peak) = (0u64, 0u64);
+        for e in &self.events {
+            match e.op {
+                Op::Alloc => {
+                    live += e.size;
+                    peak = peak.max(live);
+                }
+                Op::Free => live = live.saturating_sub(e.size),
+            }
+        }
+        peak
+    }
+}
