@@ -121,9 +121,7 @@ pub fn gunzip_if_gzip(name: &str, data: Vec<u8>) -> Result<Vec<u8>> {
     }
     let mut dec = flate2::bufread::MultiGzDecoder::new(&data[..]);
     let mut out = Vec::with_capacity(data.len().saturating_mul(8).min(1 << 30));
-    let res = (&mut dec)
-        .take(MAX_DECOMPRESSED + 1)
-        .read_to_end(&mut out);
+    let res = (&mut dec).take(MAX_DECOMPRESSED + 1).read_to_end(&mut out);
     let at = data.len() - dec.get_ref().len();
     match res {
         Err(e) => Err(Error::Trace(format!(
@@ -529,8 +527,9 @@ impl<'a> Unpickler<'a> {
                 Ok(())
             }
             Some(Memo::Pending) => {
-                // The container is still on the stack: a reference to it from inside itself
-                // (recursive data) or a second reference before it is complete.
+                // The container is still on the stack (e.g. a shared empty list inside an open
+                // MARK frame). Python's pickler only refers back to complete objects, barring
+                // recursive data, which plain snapshots never hold: share its current value.
                 let p = self
                     .pending
                     .iter()
@@ -538,15 +537,12 @@ impl<'a> Unpickler<'a> {
                     .find(|&&(_, i)| i == idx)
                     .map(|&(p, _)| p);
                 match p.and_then(|p| self.stack.get(p)) {
-                    Some(Slot::V(v)) if p.map(|p| p + 1) == Some(self.stack.len()) => {
+                    Some(Slot::V(v)) => {
                         let v = v.clone();
                         self.push(v);
                         Ok(())
                     }
-                    _ => Err(self.err(format!(
-                        "memo entry {idx} refers to a container that is not complete \
-                         (recursive data is not supported)"
-                    ))),
+                    _ => Err(self.err(format!("memo entry {idx} is not a value"))),
                 }
             }
             _ => Err(self.err(format!("memo entry {idx} was never stored"))),
@@ -571,9 +567,10 @@ impl<'a> Unpickler<'a> {
                 self.push(Value::Dict(Rc::new(Vec::new())));
                 Ok(())
             }
-            (Slot::OrderedDictClass, _) => Err(self.err(
-                "collections.OrderedDict may only be called with an empty argument tuple",
-            )),
+            (Slot::OrderedDictClass, _) => {
+                Err(self
+                    .err("collections.OrderedDict may only be called with an empty argument tuple"))
+            }
             (Slot::V(v), _) => Err(self.refuse(&format!("calling a {}", v.type_name()))),
         }
     }
@@ -651,9 +648,9 @@ impl<'a> Unpickler<'a> {
                 0x80 => {
                     let p = self.u8()?;
                     if p > 5 {
-                        return Err(self.err(format!(
-                            "pickle protocol {p} is not supported (0 to 5 are)"
-                        )));
+                        return Err(
+                            self.err(format!("pickle protocol {p} is not supported (0 to 5 are)"))
+                        );
                     }
                 }
                 0x95 => {
@@ -911,7 +908,9 @@ impl<'a> Unpickler<'a> {
                             _ => false,
                         };
                     if !ok {
-                        return Err(self.refuse("BUILD sets object state; only a dict with no state is accepted"));
+                        return Err(self.refuse(
+                            "BUILD sets object state; only a dict with no state is accepted",
+                        ));
                     }
                 }
                 b'P' | b'Q' => return Err(self.refuse("persistent ids")),
@@ -1037,7 +1036,10 @@ mod tests {
         // LONG1: -1 in one byte, -256 in two, 2^40, i64::MIN in 9 bytes (sign extended).
         assert_eq!(ok(b"\x8a\x01\xff."), Value::Int(-1));
         assert_eq!(ok(b"\x8a\x02\x00\xff."), Value::Int(-256));
-        assert_eq!(ok(b"\x8a\x06\x00\x00\x00\x00\x00\x01."), Value::Int(1 << 40));
+        assert_eq!(
+            ok(b"\x8a\x06\x00\x00\x00\x00\x00\x01."),
+            Value::Int(1 << 40)
+        );
         assert_eq!(
             ok(b"\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\xff."),
             Value::Int(i64::MIN)
@@ -1063,7 +1065,10 @@ mod tests {
         assert_eq!(ok(b"Vcaf\\u00e9\n."), s("caf\u{e9}"));
         assert_eq!(ok(b"S'a\\nb'\n."), s("a\nb"));
         assert_eq!(ok(b"U\x02hi."), s("hi"));
-        assert_eq!(ok(b"C\x02\x00\x01."), Value::Bytes(Rc::from(&b"\x00\x01"[..])));
+        assert_eq!(
+            ok(b"C\x02\x00\x01."),
+            Value::Bytes(Rc::from(&b"\x00\x01"[..]))
+        );
         assert_eq!(ok(b"N."), Value::None);
         assert_eq!(ok(b"\x88."), Value::Bool(true));
     }
@@ -1137,7 +1142,10 @@ mod tests {
     fn refuses_globals_and_objects() {
         let e = loads("evil.pkl", b"cos\nsystem\nU\x04echo\x85R.").unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("'os.system'") && m.contains("byte 0") && m.contains("evil.pkl"), "{m}");
+        assert!(
+            m.contains("'os.system'") && m.contains("byte 0") && m.contains("evil.pkl"),
+            "{m}"
+        );
         assert!(m.contains("GLOBAL"), "{m}");
         for bad in [
             &b"P0\n."[..],
@@ -1158,7 +1166,10 @@ mod tests {
         let e = loads("t", b"K\x01").unwrap_err().to_string();
         assert!(e.contains("byte 2"), "{e}");
         let e = loads("t", b"\xff").unwrap_err().to_string();
-        assert!(e.contains("unknown opcode 0xff") && e.contains("byte 0"), "{e}");
+        assert!(
+            e.contains("unknown opcode 0xff") && e.contains("byte 0"),
+            "{e}"
+        );
         // Length far beyond the input.
         let e = loads("t", b"X\xff\xff\xff\x7f").unwrap_err().to_string();
         assert!(e.contains("absurd"), "{e}");
