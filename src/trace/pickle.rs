@@ -165,8 +165,13 @@ enum Memo {
     Empty,
     /// The container at this stack position, still being filled; entered when it leaves.
     Pending,
-    V(Value),
+    /// The value and its nesting depth.
+    V(Value, u32),
 }
+
+/// Deepest nesting of containers accepted (snapshots nest about 6 deep). Deeper data would be
+/// dropped recursively and could overflow the thread's stack.
+pub const MAX_DEPTH: u32 = 256;
 
 struct Unpickler<'a> {
     name: &'a str,
@@ -176,6 +181,12 @@ struct Unpickler<'a> {
     op_at: usize,
     op: u8,
     stack: Vec<Slot>,
+    /// Nesting depth of each stack slot (0 = a scalar or an empty container).
+    depths: Vec<u32>,
+    /// Deepest value popped by the current opcode.
+    popped: u32,
+    /// Set when a container nests deeper than [`MAX_DEPTH`].
+    too_deep: bool,
     marks: Vec<usize>,
     memo: Vec<Memo>,
     /// (stack position, memo index) of containers memoized while still on the stack.
@@ -265,6 +276,9 @@ impl<'a> Unpickler<'a> {
             op_at: 0,
             op: 0,
             stack: Vec::with_capacity(64),
+            depths: Vec::with_capacity(64),
+            popped: 0,
+            too_deep: false,
             marks: Vec::with_capacity(16),
             memo: Vec::new(),
             pending: Vec::new(),
@@ -375,9 +389,31 @@ impl<'a> Unpickler<'a> {
         std::str::from_utf8(l).map_err(|_| self.err("argument line is not UTF-8"))
     }
 
+    /// Push a value; a non-empty container is one deeper than what the opcode popped.
     #[inline]
     fn push(&mut self, v: Value) {
+        let d = match &v {
+            Value::List(x) | Value::Tuple(x) if !x.is_empty() => self.popped + 1,
+            Value::Dict(x) if !x.is_empty() => self.popped + 1,
+            _ => 0,
+        };
+        self.push_d(v, d);
+    }
+
+    #[inline]
+    fn push_d(&mut self, v: Value, d: u32) {
+        self.too_deep |= d > MAX_DEPTH;
         self.stack.push(Slot::V(v));
+        self.depths.push(d);
+    }
+
+    /// The top container received what the opcode popped.
+    fn deepen_top(&mut self) {
+        let want = self.popped + 1;
+        if let Some(d) = self.depths.last_mut() {
+            *d = (*d).max(want);
+            self.too_deep |= *d > MAX_DEPTH;
+        }
     }
 
     /// Enter completed containers at stack positions >= `len` into the memo.
@@ -389,7 +425,7 @@ impl<'a> Unpickler<'a> {
             }
             self.pending.pop();
             if let Some(Slot::V(v)) = self.stack.get(p) {
-                self.memo[idx] = Memo::V(v.clone());
+                self.memo[idx] = Memo::V(v.clone(), self.depths[p]);
             } else {
                 self.memo[idx] = Memo::Empty;
             }
@@ -402,6 +438,7 @@ impl<'a> Unpickler<'a> {
             return Err(self.err("stack underflow"));
         }
         self.settle(self.stack.len() - 1);
+        self.popped = self.popped.max(self.depths.pop().unwrap_or(0));
         Ok(self.stack.pop().unwrap_or(Slot::V(Value::None)))
     }
 
@@ -422,6 +459,8 @@ impl<'a> Unpickler<'a> {
             .pop()
             .ok_or_else(|| self.err("no MARK on the stack"))?;
         self.settle(m);
+        let deepest = self.depths.drain(m..).max().unwrap_or(0);
+        self.popped = self.popped.max(deepest);
         let mut out = Vec::with_capacity(self.stack.len() - m);
         for s in self.stack.drain(m..) {
             match s {
@@ -453,23 +492,22 @@ impl<'a> Unpickler<'a> {
     }
 
     fn append_items(&mut self, items: Vec<Value>) -> Result<()> {
-        let op = self.op;
         let top = self.top_mut()?;
         match top {
             Value::List(l) => {
                 Rc::make_mut(l).extend(items);
+                self.deepen_top();
                 Ok(())
             }
             other => {
                 let t = other.type_name();
-                let _ = op;
                 Err(self.err(format!("append to a {t}, not a list")))
             }
         }
     }
 
     fn set_items(&mut self, items: Vec<Value>) -> Result<()> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for a dict"));
         }
         let top = self.top_mut()?;
@@ -482,6 +520,7 @@ impl<'a> Unpickler<'a> {
                 while let (Some(k), Some(v)) = (it.next(), it.next()) {
                     d.push((k, v));
                 }
+                self.deepen_top();
                 Ok(())
             }
             other => {
@@ -507,13 +546,12 @@ impl<'a> Unpickler<'a> {
             self.memo.resize(idx + 1, Memo::Empty);
         }
         match &self.stack[top - 1] {
-            Slot::V(v @ (Value::List(_) | Value::Dict(_))) => {
+            Slot::V(Value::List(_) | Value::Dict(_)) => {
                 // Still being filled: enter it when it leaves the stack.
-                let _ = v;
                 self.memo[idx] = Memo::Pending;
                 self.pending.push((top - 1, idx));
             }
-            Slot::V(v) => self.memo[idx] = Memo::V(v.clone()),
+            Slot::V(v) => self.memo[idx] = Memo::V(v.clone(), self.depths[top - 1]),
             Slot::OrderedDictClass => self.memo[idx] = Memo::Empty,
         }
         Ok(())
@@ -521,9 +559,9 @@ impl<'a> Unpickler<'a> {
 
     fn memo_get(&mut self, idx: usize) -> Result<()> {
         match self.memo.get(idx) {
-            Some(Memo::V(v)) => {
-                let v = v.clone();
-                self.push(v);
+            Some(Memo::V(v, d)) => {
+                let (v, d) = (v.clone(), *d);
+                self.push_d(v, d);
                 Ok(())
             }
             Some(Memo::Pending) => {
@@ -538,8 +576,8 @@ impl<'a> Unpickler<'a> {
                     .map(|&(p, _)| p);
                 match p.and_then(|p| self.stack.get(p)) {
                     Some(Slot::V(v)) => {
-                        let v = v.clone();
-                        self.push(v);
+                        let (v, d) = (v.clone(), p.map_or(0, |p| self.depths[p]));
+                        self.push_d(v, d);
                         Ok(())
                     }
                     _ => Err(self.err(format!("memo entry {idx} is not a value"))),
@@ -552,6 +590,7 @@ impl<'a> Unpickler<'a> {
     fn global(&mut self, module: &str, gname: &str) -> Result<()> {
         if module == "collections" && gname == "OrderedDict" {
             self.stack.push(Slot::OrderedDictClass);
+            self.depths.push(0);
             Ok(())
         } else {
             Err(self.refuse_global(module, gname))
@@ -634,6 +673,12 @@ impl<'a> Unpickler<'a> {
 
     fn run(mut self) -> Result<Value> {
         loop {
+            if self.too_deep {
+                return Err(self.err(format!(
+                    "containers nested more than {MAX_DEPTH} deep (a snapshot nests about 6)"
+                )));
+            }
+            self.popped = 0;
             if self.pos >= self.data.len() {
                 self.op_at = self.pos;
                 return Err(Error::Trace(format!(
@@ -678,7 +723,8 @@ impl<'a> Unpickler<'a> {
                 }
                 b'2' => {
                     let top = self.top_mut()?.clone();
-                    self.push(top);
+                    let d = self.depths.last().copied().unwrap_or(0);
+                    self.push_d(top, d);
                 }
                 b'F' => {
                     let l = self.line_str()?;
@@ -922,7 +968,7 @@ impl<'a> Unpickler<'a> {
                 }
                 b'o' => return Err(self.refuse("object instantiation")),
                 0x92 => return Err(self.refuse("object instantiation")),
-                0x8f | 0x90 | 0x91 => return Err(self.refuse("sets are not part of a snapshot")),
+                0x8f..=0x91 => return Err(self.refuse("sets are not part of a snapshot")),
                 0x97 | 0x98 => return Err(self.refuse("out-of-band buffers")),
                 op => {
                     return Err(Error::Trace(format!(
@@ -1117,6 +1163,38 @@ mod tests {
         assert!(loads("t", b"h\x03.").is_err());
         // Absurd memo index.
         assert!(loads("t", b"N\x72\xff\xff\xff\xff.").is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_overflowed() {
+        // ((((...)))) a million deep: one byte per level.
+        let mut b = vec![b'N'];
+        b.extend(std::iter::repeat_n(0x85u8, 1_000_000));
+        b.push(b'.');
+        let e = loads("t", &b).unwrap_err().to_string();
+        assert!(e.contains("nested more than"), "{e}");
+        // Same through lists and APPEND, and through the memo.
+        let mut b = vec![b']'];
+        for _ in 0..100_000 {
+            b.extend_from_slice(b"]\x94");
+        }
+        b.extend(std::iter::repeat_n(b'a', 100_000));
+        b.push(b'.');
+        assert!(loads("t", &b).is_err());
+        // Through the memo: each level is memoized, popped and fetched back before nesting.
+        let mut b = vec![b'N'];
+        for i in 0..2000u32 {
+            b.extend_from_slice(b"\x85\x940j");
+            b.extend_from_slice(&i.to_le_bytes());
+        }
+        b.push(b'.');
+        let e = loads("t", &b).unwrap_err().to_string();
+        assert!(e.contains("nested more than"), "{e}");
+        // 256 deep is fine.
+        let mut b = vec![b'N'];
+        b.extend(std::iter::repeat_n(0x85u8, 256));
+        b.push(b'.');
+        assert!(loads("t", &b).is_ok());
     }
 
     #[test]
