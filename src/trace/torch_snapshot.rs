@@ -19,7 +19,9 @@
 //!   [`Kind::Fresh`].
 //! - Native reserved at start = final `sum(segment.total_size)` on the device − the net segment
 //!   change of the window; warm traces hold the final reserved bytes throughout; state-only
-//!   snapshots the reserved bytes at dump.
+//!   snapshots the reserved bytes at dump. `changes` indices count the seeded events; segment
+//!   events before the same replayed event make one change (their last value; the peak still
+//!   sees every step), and those after the last replayed event are at `events.len()`.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
