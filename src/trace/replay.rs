@@ -386,7 +386,7 @@ fn oom_report(
         largest.select_nth_unstable_by(n - 1, |a, b| b.0.cmp(&a.0));
     }
     largest.truncate(n);
-    largest.sort_by(|a, b| b.0.cmp(&a.0));
+    largest.sort_by_key(|l| std::cmp::Reverse(l.0));
     OomReport {
         event,
         size,
