@@ -455,6 +455,14 @@ fn replay_speed() {
         r.peak_requested >> 20,
         r.peak_reserved >> 20
     );
+    // `check` + `backing` on a ~30k-event trace (up to ~7k live allocations).
+    let small = synth::rmm_random(15_000, 64 << 10, 2);
+    let r = replay(&small, &opts(512 * MIB, true, true), &mut |_, _| {}).unwrap();
+    println!(
+        "checked replay (check + backing): {} events in {:.3} s",
+        r.events,
+        r.elapsed.as_secs_f64()
+    );
     let start = std::time::Instant::now();
     let n = nat(&t, 80 * GIB);
     let secs = start.elapsed().as_secs_f64();
@@ -499,7 +507,7 @@ fn native_emulation_matches_fresh_snapshots() {
             recorded >> 20,
             r.peak_reserved >> 20
         );
-        assert!((0.9..=1.1).contains(&ratio), "{file}: ratio {ratio}");
+        assert!((0.98..=1.02).contains(&ratio), "{file}: ratio {ratio}");
         checked += 1;
     }
     assert_eq!(checked, 9);
