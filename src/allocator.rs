@@ -14,6 +14,7 @@ use crate::device::{
 };
 use crate::error::{Error, PointerFault, Result};
 use crate::stats::DeviceStats;
+use crate::trace::format::Recorder;
 
 /// Most devices one process may address (CUDA's own limit is far below this).
 pub const MAX_DEVICES: usize = 64;
@@ -22,19 +23,51 @@ pub const MAX_DEVICES: usize = 64;
 pub struct TorchArena {
     conf: Config,
     arenas: Vec<OnceCell<Arena>>,
+    /// `trace:PATH`: every successful alloc and free is recorded here.
+    recorder: Option<Recorder>,
 }
 
 impl TorchArena {
-    /// An allocator with these settings. Devices are opened on first use.
+    /// An allocator with these settings. Devices are opened on first use. A `trace` file that
+    /// cannot be created is logged and nothing is recorded; [`TorchArena::try_new`] makes it an
+    /// error instead.
     pub fn new(conf: Config) -> Self {
+        Self::try_new(conf.clone()).unwrap_or_else(|e| {
+            tracing::warn!("{e}; continuing without recording");
+            Self::with_recorder(conf, None)
+        })
+    }
+
+    /// An allocator with these settings; `Err` when the `trace` file cannot be created.
+    pub fn try_new(conf: Config) -> Result<Self> {
+        let recorder = match &conf.trace {
+            Some(p) => Some(
+                Recorder::create(expand_trace_path(p))
+                    .map_err(|e| Error::Config(format!("trace:{p}: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Self::with_recorder(conf, recorder))
+    }
+
+    fn with_recorder(conf: Config, recorder: Option<Recorder>) -> Self {
         let arenas = (0..MAX_DEVICES).map(|_| OnceCell::new()).collect();
-        TorchArena { conf, arenas }
+        TorchArena {
+            conf,
+            arenas,
+            recorder,
+        }
     }
 
     /// An allocator configured from `TORCH_ARENA_CONF` (empty or unset: defaults).
     pub fn from_env() -> Result<Self> {
         let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
-        Ok(Self::new(Config::parse(&text)?))
+        Self::try_new(Config::parse(&text)?)
+    }
+
+    /// The trace recorder (`trace:PATH`), if recording.
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.recorder.as_ref()
     }
 
     pub fn config(&self) -> &Config {
@@ -89,7 +122,15 @@ impl TorchArena {
         if size == 0 {
             return Ok(0);
         }
-        self.arena(device)?.malloc(size as u64, stream)
+        let arena = self.arena(device)?;
+        let Some(rec) = &self.recorder else {
+            return arena.malloc(size as u64, stream);
+        };
+        // Held across the call: the record is in the order the arena handed pointers out.
+        let mut rec = rec.lock();
+        let ptr = arena.malloc(size as u64, stream)?;
+        rec.alloc(ptr, size as u64, stream, device);
+        Ok(ptr)
     }
 
     /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned or a double
@@ -100,7 +141,20 @@ impl TorchArena {
         if ptr == 0 {
             return Ok(());
         }
-        self.arena(device)?.free(ptr, Some(size as u64), stream)
+        let arena = self.arena(device)?;
+        let Some(rec) = &self.recorder else {
+            return arena.free(ptr, Some(size as u64), stream);
+        };
+        let mut rec = rec.lock();
+        let r = arena.free(ptr, Some(size as u64), stream);
+        // A size mismatch is reported but the allocation is freed all the same.
+        if matches!(
+            r,
+            Ok(()) | Err(Error::BadPointer(PointerFault::SizeMismatch, _))
+        ) {
+            rec.free(ptr, size as u64, stream, device);
+        }
+        r
     }
 
     /// The arena that owns `ptr`, among the devices opened so far.
@@ -184,4 +238,17 @@ impl TorchArena {
     pub fn defragment(&self, device: i32) -> Result<ReclaimReport> {
         self.arena(device)?.defragment()
     }
+}
+
+/// `trace:PATH` with `{pid}` replaced by this process's id and `{rank}` (normally expanded by the
+/// Python layer) by `RANK`, else `LOCAL_RANK`, else 0.
+pub fn expand_trace_path(path: &str) -> String {
+    let mut p = path.replace("{pid}", &std::process::id().to_string());
+    if p.contains("{rank}") {
+        let rank = std::env::var("RANK")
+            .or_else(|_| std::env::var("LOCAL_RANK"))
+            .unwrap_or_else(|_| "0".to_string());
+        p = p.replace("{rank}", &rank);
+    }
+    p
 }

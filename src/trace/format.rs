@@ -1,1 +1,604 @@
-//! (being written)
+//! The `torch-arena-trace` text format: what the plugin records with `trace:PATH`, and what
+//! `torch-arena convert` writes. Specification: `docs/trace-format.md`.
+//!
+//! One record per line, so a reader streams it and a writer appends to it:
+//!
+//! ```text
+//! torch-arena-trace 1
+//! # anything after '#' at the start of a line is a comment
+//! kind fresh
+//! site 1 train.py:40 in step
+//! a 0x7f0000000000 4096 0 0 17 1
+//! f 0x7f0000000000 4096 0 0 42
+//! reserved 0 20971520
+//! ```
+//!
+//! `a ID SIZE STREAM DEVICE TIME_US [SITE]` allocates, `f ID SIZE STREAM DEVICE TIME_US` frees.
+//! An `ID` is the device pointer at record time: an alloc and the free of the same pointer are
+//! ordered in the file, so the reader gives every allocation its own id. Files starting with the
+//! gzip magic bytes are decompressed on the fly.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use flate2::Compression;
+use flate2::read::MultiGzDecoder;
+use flate2::write::GzEncoder;
+use parking_lot::Mutex;
+
+use super::{Event, Kind, NativeReserved, Op, Source, Trace};
+use crate::device::{DevPtr, StreamId};
+use crate::error::{Error, Result};
+
+/// The first word of every file.
+pub const MAGIC: &str = "torch-arena-trace";
+/// The newest version this build reads and the one it writes.
+pub const VERSION: u32 = 1;
+/// Bytes a [`Recorder`] buffers before writing to its file.
+pub const RECORDER_BUFFER: usize = 256 << 10;
+
+fn err(path: &Path, line: usize, msg: impl std::fmt::Display) -> Error {
+    Error::Trace(format!("{}:{line}: {msg}", path.display()))
+}
+
+/// Opens `path`, decompressing it when it starts with the gzip magic bytes.
+fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    let file = File::open(path)
+        .map_err(|e| Error::Trace(format!("cannot open trace {}: {e}", path.display())))?;
+    let mut raw = BufReader::with_capacity(1 << 16, file);
+    let head = raw
+        .fill_buf()
+        .map_err(|e| Error::Trace(format!("cannot read trace {}: {e}", path.display())))?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(BufReader::with_capacity(
+            1 << 16,
+            MultiGzDecoder::new(raw),
+        )))
+    } else {
+        Ok(Box::new(raw))
+    }
+}
+
+/// Parses a number written in decimal or as `0x` hexadecimal.
+fn num(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// The events of one device while reading.
+#[derive(Default)]
+struct DeviceEvents {
+    events: Vec<Event>,
+    /// Live pointer → (id, size).
+    live: HashMap<u64, (u64, u64)>,
+    native: Option<NativeReserved>,
+}
+
+/// Reads a `torch-arena-trace` file (plain or gzip). A multi-device recording keeps the device
+/// with the most events. Every error names the file and, for bad content, the line.
+pub fn read(path: &Path) -> Result<Trace> {
+    let mut input = open(path)?;
+    let mut devices: HashMap<i32, DeviceEvents> = HashMap::new();
+    let mut site_ids: HashMap<u64, u32> = HashMap::new();
+    let mut sites = vec!["unknown".to_string()];
+    let mut kind = Kind::Fresh;
+    let mut seeded = 0usize;
+    let mut next_id = 1u64;
+    let mut buf = String::new();
+    let mut lineno = 0usize;
+    loop {
+        buf.clear();
+        lineno += 1;
+        let n = input.read_line(&mut buf).map_err(|e| {
+            let what = if e.kind() == io::ErrorKind::InvalidData {
+                "not UTF-8 text, or corrupt compressed data".to_string()
+            } else {
+                format!("read failed ({e}); the file may be truncated")
+            };
+            err(path, lineno, what)
+        })?;
+        if n == 0 {
+            if lineno == 1 {
+                return Err(err(
+                    path,
+                    1,
+                    format!("empty file: expected the header '{MAGIC} {VERSION}'"),
+                ));
+            }
+            break;
+        }
+        let complete = buf.ends_with('\n');
+        let line = buf.trim_end_matches(['\n', '\r']);
+        let truncated = |msg: String| {
+            if complete {
+                err(path, lineno, msg)
+            } else {
+                err(
+                    path,
+                    lineno,
+                    format!("{msg} (the last line has no newline: the file is truncated)"),
+                )
+            }
+        };
+        if lineno == 1 {
+            let mut words = line.split_whitespace();
+            if words.next() != Some(MAGIC) {
+                return Err(err(
+                    path,
+                    1,
+                    format!("not a torch-arena trace: expected the header '{MAGIC} {VERSION}'"),
+                ));
+            }
+            let version = words
+                .next()
+                .and_then(|v| v.parse::<u32>().ok())
+                .ok_or_else(|| {
+                    err(
+                        path,
+                        1,
+                        format!("bad header {line:?}: expected '{MAGIC} {VERSION}'"),
+                    )
+                })?;
+            if version > VERSION {
+                return Err(err(
+                    path,
+                    1,
+                    format!(
+                        "version {version} is newer than this torch-arena reads ({VERSION}); \
+                         upgrade torch-arena"
+                    ),
+                ));
+            }
+            if version == 0 {
+                return Err(err(path, 1, "version 0 does not exist"));
+            }
+            continue;
+        }
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "a" | "f" => {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let expect = if word == "a" { 5..=6 } else { 5..=5 };
+                if !expect.contains(&f.len()) {
+                    return Err(truncated(format!(
+                        "'{word}' needs {} fields, found {}: {line:?}",
+                        if word == "a" {
+                            "ID SIZE STREAM DEVICE TIME_US [SITE]"
+                        } else {
+                            "ID SIZE STREAM DEVICE TIME_US"
+                        },
+                        f.len()
+                    )));
+                }
+                let field = |i: usize, name: &str| {
+                    num(f[i]).ok_or_else(|| truncated(format!("bad {name} {:?} in {line:?}", f[i])))
+                };
+                let ptr = field(0, "ID")?;
+                let size = field(1, "SIZE")?;
+                let stream = field(2, "STREAM")?;
+                let device = f[3]
+                    .parse::<i32>()
+                    .map_err(|_| truncated(format!("bad DEVICE {:?} in {line:?}", f[3])))?;
+                let time_us = f[4]
+                    .parse::<i64>()
+                    .map_err(|_| truncated(format!("bad TIME_US {:?} in {line:?}", f[4])))?;
+                let d = devices.entry(device).or_default();
+                if word == "a" {
+                    let site = match f.get(5) {
+                        None => 0,
+                        Some(_) => {
+                            let s = field(5, "SITE")?;
+                            if s == 0 {
+                                0
+                            } else {
+                                *site_ids.get(&s).ok_or_else(|| {
+                                    err(
+                                        path,
+                                        lineno,
+                                        format!("site {s} is used before its 'site {s} TEXT' line"),
+                                    )
+                                })?
+                            }
+                        }
+                    };
+                    if d.live.contains_key(&ptr) {
+                        return Err(err(
+                            path,
+                            lineno,
+                            format!(
+                                "pointer {ptr:#x} on device {device} is allocated again while \
+                                 still live (no free since its last alloc)"
+                            ),
+                        ));
+                    }
+                    let id = next_id;
+                    next_id += 1;
+                    d.live.insert(ptr, (id, size));
+                    d.events.push(Event {
+                        op: Op::Alloc,
+                        id,
+                        size,
+                        stream,
+                        time_us,
+                        site,
+                    });
+                } else {
+                    // A free of a pointer allocated before recording began gets an id of its
+                    // own: the replay counts and skips it.
+                    let (id, size) = d.live.remove(&ptr).unwrap_or_else(|| {
+                        next_id += 1;
+                        (next_id - 1, size)
+                    });
+                    d.events.push(Event {
+                        op: Op::Free,
+                        id,
+                        size,
+                        stream,
+                        time_us,
+                        site: 0,
+                    });
+                }
+            }
+            "site" => {
+                let (id, text) = rest.split_once(' ').unwrap_or((rest, ""));
+                let id = num(id).filter(|&i| i > 0).ok_or_else(|| {
+                    truncated(format!(
+                        "bad site id in {line:?}: expected 'site N TEXT' with N > 0"
+                    ))
+                })?;
+                let index =
+                    u32::try_from(sites.len()).map_err(|_| err(path, lineno, "too many sites"))?;
+                if site_ids.insert(id, index).is_some() {
+                    return Err(err(path, lineno, format!("site {id} is defined twice")));
+                }
+                sites.push(text.to_string());
+            }
+            "reserved" | "reserved-peak" => {
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let parsed = match f.as_slice() {
+                    [d, b] => d.parse::<i32>().ok().zip(num(b)),
+                    _ => None,
+                };
+                let (device, bytes) = parsed.ok_or_else(|| {
+                    truncated(format!("bad line {line:?}: expected '{word} DEVICE BYTES'"))
+                })?;
+                let d = devices.entry(device).or_default();
+                let at = d.events.len();
+                match (&mut d.native, word) {
+                    (Some(n), "reserved") => n.changes.push((at, bytes)),
+                    (None, "reserved") if at == 0 => {
+                        d.native = Some(NativeReserved {
+                            initial: bytes,
+                            ..Default::default()
+                        })
+                    }
+                    (None, "reserved") => {
+                        d.native = Some(NativeReserved {
+                            changes: vec![(at, bytes)],
+                            ..Default::default()
+                        })
+                    }
+                    _ => {}
+                }
+                let n = d.native.get_or_insert_with(Default::default);
+                n.peak = n.peak.max(bytes);
+            }
+            "kind" => {
+                kind = match rest.trim() {
+                    "fresh" => Kind::Fresh,
+                    "partial" => Kind::Partial,
+                    "warm" => Kind::Warm,
+                    "state" => Kind::StateOnly,
+                    other => {
+                        return Err(truncated(format!(
+                            "unknown kind {other:?}: expected fresh, partial, warm or state"
+                        )));
+                    }
+                }
+            }
+            "seeded" => {
+                seeded = rest
+                    .trim()
+                    .parse()
+                    .map_err(|_| truncated(format!("bad line {line:?}: expected 'seeded N'")))?;
+            }
+            _ => {
+                return Err(truncated(format!(
+                    "unknown record {word:?}: expected a, f, site, reserved, reserved-peak, kind, seeded or a \
+                     '#' comment"
+                )));
+            }
+        }
+    }
+    let (device, d) = devices
+        .into_iter()
+        .max_by_key(|(dev, d)| (d.events.len(), std::cmp::Reverse(*dev)))
+        .unwrap_or((0, DeviceEvents::default()));
+    if seeded > d.events.len() {
+        return Err(Error::Trace(format!(
+            "{}: 'seeded {seeded}' is more than the {} events of device {device}",
+            path.display(),
+            d.events.len()
+        )));
+    }
+    Ok(Trace {
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string()),
+        source: Source::Arena(VERSION),
+        kind,
+        device,
+        seeded,
+        events: d.events,
+        sites,
+        native: d.native,
+    })
+}
+
+/// Replaces line breaks so a site text stays on its line.
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ")
+}
+
+/// Writes `trace` to `path` (gzip when the name ends in `.gz`). Ids are written as they are:
+/// unique per allocation, so reading the file back gives the same events.
+pub fn write(trace: &Trace, path: &Path) -> Result<()> {
+    let fail = |e: io::Error| Error::Trace(format!("cannot write trace {}: {e}", path.display()));
+    let file = File::create(path).map_err(fail)?;
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let mut out: Box<dyn Write> = if gz {
+        Box::new(BufWriter::new(GzEncoder::new(file, Compression::default())))
+    } else {
+        Box::new(BufWriter::new(file))
+    };
+    write_body(trace, &mut out).map_err(fail)?;
+    out.flush().map_err(fail)?;
+    drop(out); // finishes the gzip stream
+    Ok(())
+}
+
+fn write_body(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
+    let d = trace.device;
+    writeln!(out, "{MAGIC} {VERSION}")?;
+    writeln!(out, "# {}", one_line(&trace.name))?;
+    writeln!(out, "kind {}", trace.kind.as_str())?;
+    if trace.seeded > 0 {
+        writeln!(out, "seeded {}", trace.seeded)?;
+    }
+    for (i, s) in trace.sites.iter().enumerate().skip(1) {
+        writeln!(out, "site {i} {}", one_line(s))?;
+    }
+    let mut changes = [].iter().peekable();
+    if let Some(n) = &trace.native {
+        writeln!(out, "reserved {d} {}", n.initial)?;
+        changes = n.changes.iter().peekable();
+    }
+    for (i, e) in trace.events.iter().enumerate() {
+        while let Some(&&(at, bytes)) = changes.peek() {
+            if at > i {
+                break;
+            }
+            writeln!(out, "reserved {d} {bytes}")?;
+            changes.next();
+        }
+        match e.op {
+            Op::Alloc if e.site != 0 => writeln!(
+                out,
+                "a {:#x} {} {} {d} {} {}",
+                e.id, e.size, e.stream, e.time_us, e.site
+            )?,
+            Op::Alloc => writeln!(
+                out,
+                "a {:#x} {} {} {d} {}",
+                e.id, e.size, e.stream, e.time_us
+            )?,
+            Op::Free => writeln!(
+                out,
+                "f {:#x} {} {} {d} {}",
+                e.id, e.size, e.stream, e.time_us
+            )?,
+        }
+    }
+    for &(_, bytes) in changes {
+        writeln!(out, "reserved {d} {bytes}")?;
+    }
+    if let Some(n) = &trace.native {
+        writeln!(out, "reserved-peak {d} {}", n.peak)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recording from the plugin.
+
+struct RecState {
+    path: PathBuf,
+    /// `None` once a write failed: recording has stopped.
+    out: Option<BufWriter<File>>,
+    start: Instant,
+}
+
+impl RecState {
+    fn record(&mut self, line: std::fmt::Arguments<'_>) {
+        let Some(out) = self.out.as_mut() else { return };
+        if let Err(e) = out.write_fmt(line) {
+            self.stop(e);
+        }
+    }
+
+    fn flush(&mut self) {
+        let Some(out) = self.out.as_mut() else { return };
+        if let Err(e) = out.flush() {
+            self.stop(e);
+        }
+    }
+
+    /// Stops recording after a write error, saying so once.
+    fn stop(&mut self, e: io::Error) {
+        tracing::warn!(
+            "trace recording to {} stopped: {e}; allocations go on, unrecorded",
+            self.path.display()
+        );
+        if let Some(out) = self.out.take() {
+            // The buffer holds bytes the file did not take; drop them without retrying.
+            let _ = out.into_parts();
+        }
+    }
+
+    fn now_us(&self) -> u128 {
+        self.start.elapsed().as_micros()
+    }
+}
+
+/// Every open recorder, flushed by one `atexit` handler (the process-wide allocator is a static
+/// that never drops).
+static REGISTRY: Mutex<Vec<std::sync::Weak<Mutex<RecState>>>> = Mutex::new(Vec::new());
+static ATEXIT: Once = Once::new();
+
+extern "C" fn flush_all_at_exit() {
+    // Never unwind out of an atexit handler.
+    let _ = std::panic::catch_unwind(flush_all);
+}
+
+/// Flushes every open recorder. A recorder another thread holds for more than 100 ms is skipped
+/// (its thread may be gone at exit).
+pub fn flush_all() {
+    let Some(list) = REGISTRY.try_lock_for(Duration::from_millis(100)) else {
+        return;
+    };
+    for rec in list.iter().filter_map(|w| w.upgrade()) {
+        if let Some(mut r) = rec.try_lock_for(Duration::from_millis(100)) {
+            r.flush();
+        }
+    }
+}
+
+/// Records allocations and frees to a `torch-arena-trace` file, for the plugin's `trace:PATH`.
+///
+/// Memory is bounded: lines go through a 256 KiB buffer, written out when full, on [`flush`],
+/// when the recorder drops and at process exit. A write error (disk full) never reaches the
+/// allocation: it is logged once and recording stops. Times are microseconds since
+/// [`Recorder::create`].
+///
+/// [`flush`]: Recorder::flush
+pub struct Recorder {
+    state: Arc<Mutex<RecState>>,
+}
+
+/// The recorder held locked, so that an allocator operation and its record are one step for
+/// every other thread: a pointer freed on one thread and handed out again on another is recorded
+/// free first.
+pub struct RecorderGuard<'a> {
+    state: parking_lot::MutexGuard<'a, RecState>,
+}
+
+impl Recorder {
+    /// Creates (truncates) `path` and writes the header. The file is a plain text file (not
+    /// gzip, whatever its name: a crash must leave a readable prefix).
+    pub fn create(path: impl AsRef<Path>) -> Result<Recorder> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::create(&path).map_err(|e| {
+            Error::Trace(format!("cannot create trace file {}: {e}", path.display()))
+        })?;
+        let mut out = BufWriter::with_capacity(RECORDER_BUFFER, file);
+        writeln!(
+            out,
+            "{MAGIC} {VERSION}\n# recorded by torch-arena {} (pid {})\nkind fresh",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id()
+        )
+        .and_then(|_| out.flush())
+        .map_err(|e| Error::Trace(format!("cannot write trace file {}: {e}", path.display())))?;
+        let state = Arc::new(Mutex::new(RecState {
+            path,
+            out: Some(out),
+            start: Instant::now(),
+        }));
+        {
+            let mut list = REGISTRY.lock();
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(&state));
+        }
+        ATEXIT.call_once(|| {
+            // SAFETY: registering a plain `extern "C" fn()` that never unwinds.
+            unsafe { libc::atexit(flush_all_at_exit) };
+        });
+        Ok(Recorder { state })
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> PathBuf {
+        self.state.lock().path.clone()
+    }
+
+    /// Whether lines are still being recorded (false after a write error).
+    pub fn is_recording(&self) -> bool {
+        self.state.lock().out.is_some()
+    }
+
+    /// Holds the recorder for one allocator operation and its record.
+    pub fn lock(&self) -> RecorderGuard<'_> {
+        RecorderGuard {
+            state: self.state.lock(),
+        }
+    }
+
+    /// Records an allocation of `size` bytes at `ptr`.
+    pub fn alloc(&self, ptr: DevPtr, size: u64, stream: StreamId, device: i32) {
+        self.lock().alloc(ptr, size, stream, device);
+    }
+
+    /// Records the free of the allocation at `ptr`.
+    pub fn free(&self, ptr: DevPtr, size: u64, stream: StreamId, device: i32) {
+        self.lock().free(ptr, size, stream, device);
+    }
+
+    /// Writes out everything buffered.
+    pub fn flush(&self) {
+        self.state.lock().flush();
+    }
+}
+
+impl RecorderGuard<'_> {
+    /// Records an allocation of `size` bytes at `ptr`.
+    pub fn alloc(&mut self, ptr: DevPtr, size: u64, stream: StreamId, device: i32) {
+        let t = self.state.now_us();
+        self.state
+            .record(format_args!("a {ptr:#x} {size} {stream} {device} {t}\n"));
+    }
+
+    /// Records the free of the allocation at `ptr`.
+    pub fn free(&mut self, ptr: DevPtr, size: u64, stream: StreamId, device: i32) {
+        let t = self.state.now_us();
+        self.state
+            .record(format_args!("f {ptr:#x} {size} {stream} {device} {t}\n"));
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.state.lock().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::num;
+
+    #[test]
+    fn numbers_in_decimal_and_hex() {
+        assert_eq!(num("42"), Some(42));
+        assert_eq!(num("0x2a"), Some(42));
+        assert_eq!(num("x"), None);
+    }
+}

@@ -1,8 +1,28 @@
 //! PyTorch's native caching allocator, emulated on a trace (rules from
-//! `reference/pytorch-pluggable-allocator.md` §6). (Skeleton: the API; the body is being written.)
+//! `reference/pytorch-pluggable-allocator.md` §6).
+//!
+//! What is modelled: `round_size` (512-byte multiples, at least 512), the small pool (requests
+//! up to 1 MiB, 2 MiB segments) and the large pool (1–10 MiB requests take a `large_segment_size`
+//! segment, larger ones their size rounded up to 2 MiB), best fit in (stream, size, address)
+//! order on the same stream only, the `max_split_size` rules, `should_split` (small pool:
+//! remainder ≥ 512 B; large pool: request < `max_split_size` and remainder > 1 MiB), merging
+//! with free neighbours of the same segment on free, and the OOM path: a failed cudaMalloc
+//! (capacity exceeded) releases oversize cached blocks (with `max_split_size`), then every
+//! unsplit cached segment, and retries; then the event is the OOM. Expandable segments: one
+//! growable segment per (stream, pool) mapped in chunks of 2 MiB (small) / `large_segment_size`
+//! (large), the lowest free run first; fully free chunks are unmapped on OOM.
+//!
+//! Not modelled: `record_stream` deferral (frees are immediate), garbage collection, memory
+//! fraction, `roundup_power2_divisions`, CUDA graphs and private pools.
+//!
+//! Cost: O(log n) per event (ordered sets of free blocks) except on the OOM path (which walks the
+//! cached blocks once) and, with expandable segments, a miss that searches the unmapped runs of one
+//! segment (few in practice).
 
-use super::Trace;
-use super::replay::Point;
+use std::collections::{BTreeSet, HashMap};
+
+use super::replay::{Point, SeriesBuilder};
+use super::{Op, Trace};
 
 /// The native allocator's settings that matter for a replay.
 #[derive(Clone, Debug)]
@@ -16,6 +36,54 @@ pub struct NativeOptions {
     pub series_points: usize,
 }
 
+impl NativeOptions {
+    /// PyTorch's defaults on a device of `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        NativeOptions {
+            capacity,
+            max_split_size: None,
+            expandable_segments: false,
+            large_segment_size: LARGE_SEGMENT,
+            series_points: 0,
+        }
+    }
+}
+
+/// `kMinBlockSize`: every block is a multiple of this.
+pub const MIN_BLOCK: u64 = 512;
+/// `kSmallSize`: the largest request of the small pool.
+pub const SMALL_SIZE: u64 = 1 << 20;
+/// `kSmallBuffer`: the size of small-pool segments.
+pub const SMALL_BUFFER: u64 = 2 << 20;
+/// `kMinLargeAlloc`: requests below this take a `large_segment_size` segment.
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+/// `kRoundLarge`: larger segments are rounded up to this.
+pub const ROUND_LARGE: u64 = 2 << 20;
+/// Default `large_segment_size` (formerly `kLargeBuffer`).
+pub const LARGE_SEGMENT: u64 = 20 << 20;
+/// Default `max_non_split_rounding_size`.
+pub const MAX_NON_SPLIT_ROUNDING: u64 = 20 << 20;
+
+/// `round_size`: at least 512 bytes, a multiple of 512.
+pub fn round_size(size: u64) -> u64 {
+    if size < MIN_BLOCK {
+        MIN_BLOCK
+    } else {
+        size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+    }
+}
+
+/// `get_allocation_size`: the cudaMalloc size for a (rounded) request.
+pub fn allocation_size(size: u64, large_segment_size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        large_segment_size
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
 /// What the emulated native allocator did.
 #[derive(Clone, Debug)]
 pub struct NativeResult {
@@ -24,16 +92,594 @@ pub struct NativeResult {
     /// Index of the event that ran out of memory, if any.
     pub oom_event: Option<usize>,
     pub series: Vec<Point>,
+    /// Segments created (cudaMalloc calls, or chunk mappings with expandable segments).
+    pub segments_created: u64,
+    /// Segments released (cudaFree calls, or chunk unmappings) on the OOM path.
+    pub segments_released: u64,
+    /// Times the OOM path released cached segments and retried (`num_alloc_retries`).
+    pub alloc_retries: u64,
+    /// Reserved bytes after the last event.
+    pub final_reserved: u64,
 }
 
-/// Emulate the native allocator on `trace`.
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Allocated,
+    /// Mapped and free: in its pool's free set.
+    Free,
+    /// Address space of an expandable segment with no memory behind it.
+    Unmapped,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    ptr: u64,
+    size: u64,
+    state: State,
+    prev: u32,
+    next: u32,
+    seg: u32,
+}
+
+#[derive(Debug)]
+struct Segment {
+    stream: u64,
+    small: bool,
+    expandable: bool,
+    base: u64,
+    /// Expandable only: the unmapped blocks, in address order.
+    unmapped: BTreeSet<(u64, u32)>,
+}
+
+/// Free mapped blocks of one pool, in PyTorch's order: (stream, size, address).
+type FreeSet = BTreeSet<(u64, u64, u64, u32)>;
+
+/// The emulated `DeviceCachingAllocator` of one device.
+struct Native<'a> {
+    opts: &'a NativeOptions,
+    blocks: Vec<Block>,
+    spare: Vec<u32>,
+    segs: Vec<Segment>,
+    /// [large, small].
+    pools: [FreeSet; 2],
+    expandable: HashMap<(u64, bool), u32>,
+    next_va: u64,
+    reserved: u64,
+    allocated: u64,
+    peak_reserved: u64,
+    peak_allocated: u64,
+    created: u64,
+    released: u64,
+    retries: u64,
+}
+
+impl<'a> Native<'a> {
+    fn new(opts: &'a NativeOptions) -> Self {
+        Native {
+            opts,
+            blocks: Vec::new(),
+            spare: Vec::new(),
+            segs: Vec::new(),
+            pools: [FreeSet::new(), FreeSet::new()],
+            expandable: HashMap::new(),
+            next_va: 1 << 40,
+            reserved: 0,
+            allocated: 0,
+            peak_reserved: 0,
+            peak_allocated: 0,
+            created: 0,
+            released: 0,
+            retries: 0,
+        }
+    }
+
+    fn max_split(&self) -> u64 {
+        self.opts.max_split_size.unwrap_or(u64::MAX)
+    }
+
+    fn chunk(&self, small: bool) -> u64 {
+        if small {
+            SMALL_BUFFER
+        } else {
+            self.opts.large_segment_size
+        }
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = b;
+                i
+            }
+            None => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    fn key(&self, i: u32) -> (u64, u64, u64, u32) {
+        let b = &self.blocks[i as usize];
+        (self.segs[b.seg as usize].stream, b.size, b.ptr, i)
+    }
+
+    fn pool_of(&self, i: u32) -> usize {
+        self.segs[self.blocks[i as usize].seg as usize].small as usize
+    }
+
+    fn pool_insert(&mut self, i: u32) {
+        let (k, p) = (self.key(i), self.pool_of(i));
+        self.pools[p].insert(k);
+    }
+
+    fn pool_remove(&mut self, i: u32) {
+        let (k, p) = (self.key(i), self.pool_of(i));
+        self.pools[p].remove(&k);
+    }
+
+    fn add_reserved(&mut self, bytes: u64) {
+        self.reserved += bytes;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+    }
+
+    /// `malloc`: the block for a request of `req` bytes on `stream`, or `None` on OOM.
+    fn malloc(&mut self, req: u64, stream: u64) -> Option<u32> {
+        let size = round_size(req);
+        let small = size <= SMALL_SIZE;
+        if let Some(b) = self.get_free_block(size, stream, small) {
+            self.pool_remove(b);
+            return Some(self.alloc_found(b, size));
+        }
+        let b = self.alloc_block(size, stream, small).or_else(|| {
+            if self.release_available_cached_blocks(size, stream, small) {
+                self.alloc_block(size, stream, small)
+            } else {
+                None
+            }
+        });
+        let b = b.or_else(|| {
+            self.release_cached_blocks();
+            self.retries += 1;
+            self.alloc_block(size, stream, small)
+        })?;
+        Some(self.alloc_found(b, size))
+    }
+
+    /// Best fit on the same stream, with the `max_split_size` rejections.
+    fn get_free_block(&self, size: u64, stream: u64, small: bool) -> Option<u32> {
+        let &(s, bsize, _, i) = self.pools[small as usize]
+            .range((stream, size, 0, 0)..)
+            .next()?;
+        let max_split = self.max_split();
+        if s != stream
+            || (size < max_split && bsize >= max_split)
+            || (size >= max_split && bsize >= size.saturating_add(MAX_NON_SPLIT_ROUNDING))
+        {
+            return None;
+        }
+        Some(i)
+    }
+
+    /// Hands out block `i` (not in a free set) for `size` bytes, splitting off the rest if
+    /// `should_split` says so.
+    fn alloc_found(&mut self, i: u32, size: u64) -> u32 {
+        let b = self.blocks[i as usize];
+        let seg = &self.segs[b.seg as usize];
+        let remaining = b.size - size;
+        let split = if seg.small || seg.expandable {
+            remaining >= MIN_BLOCK
+        } else {
+            size < self.max_split() && remaining > SMALL_SIZE
+        };
+        if split {
+            let rest = self.new_block(Block {
+                ptr: b.ptr + size,
+                size: remaining,
+                state: State::Free,
+                prev: i,
+                next: b.next,
+                seg: b.seg,
+            });
+            if b.next != NONE {
+                self.blocks[b.next as usize].prev = rest;
+            }
+            let blk = &mut self.blocks[i as usize];
+            blk.next = rest;
+            blk.size = size;
+            self.pool_insert(rest);
+        }
+        let blk = &mut self.blocks[i as usize];
+        blk.state = State::Allocated;
+        self.allocated += blk.size;
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+        i
+    }
+
+    /// `free_block`: merge with free neighbours of the same segment, back to the pool.
+    fn free(&mut self, i: u32) {
+        self.allocated -= self.blocks[i as usize].size;
+        self.blocks[i as usize].state = State::Free;
+        self.insert_free(i);
+    }
+
+    /// Block `i` (free, in no set) merges with its free neighbours; the result joins its pool
+    /// and is returned (merges keep the leftmost block).
+    fn insert_free(&mut self, mut i: u32) -> u32 {
+        let prev = self.blocks[i as usize].prev;
+        if prev != NONE && self.blocks[prev as usize].state == State::Free {
+            self.pool_remove(prev);
+            self.absorb_next(prev);
+            i = prev;
+        }
+        let next = self.blocks[i as usize].next;
+        if next != NONE && self.blocks[next as usize].state == State::Free {
+            self.pool_remove(next);
+            self.absorb_next(i);
+        }
+        self.pool_insert(i);
+        i
+    }
+
+    /// Block `i` takes over its next block (both out of every set).
+    fn absorb_next(&mut self, i: u32) {
+        let n = self.blocks[i as usize].next;
+        let nb = self.blocks[n as usize];
+        let b = &mut self.blocks[i as usize];
+        b.size += nb.size;
+        b.next = nb.next;
+        if nb.next != NONE {
+            self.blocks[nb.next as usize].prev = i;
+        }
+        self.spare.push(n);
+    }
+
+    /// `alloc_block`: a new segment (cudaMalloc), or a mapping of an expandable segment.
+    fn alloc_block(&mut self, size: u64, stream: u64, small: bool) -> Option<u32> {
+        if self.opts.expandable_segments {
+            return self.alloc_expandable(size, stream, small);
+        }
+        let len = allocation_size(size, self.opts.large_segment_size);
+        if self.reserved + len > self.opts.capacity {
+            return None;
+        }
+        self.add_reserved(len);
+        self.created += 1;
+        let seg = self.segs.len() as u32;
+        self.segs.push(Segment {
+            stream,
+            small,
+            expandable: false,
+            base: self.next_va,
+            unmapped: BTreeSet::new(),
+        });
+        let b = self.new_block(Block {
+            ptr: self.next_va,
+            size: len,
+            state: State::Free,
+            prev: NONE,
+            next: NONE,
+            seg,
+        });
+        self.next_va += len.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        Some(b)
+    }
+
+    fn is_whole_segment(&self, i: u32) -> bool {
+        let b = &self.blocks[i as usize];
+        b.prev == NONE && b.next == NONE && !self.segs[b.seg as usize].expandable
+    }
+
+    /// cudaFree of a whole cached segment.
+    fn release_segment(&mut self, i: u32) {
+        self.pool_remove(i);
+        self.reserved -= self.blocks[i as usize].size;
+        self.released += 1;
+        self.spare.push(i);
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size`, free cached oversize segments
+    /// of this stream: the smallest one that covers the request, else the largest ones until
+    /// their sum does.
+    fn release_available_cached_blocks(&mut self, size: u64, stream: u64, small: bool) -> bool {
+        let Some(max_split) = self.opts.max_split_size else {
+            return false;
+        };
+        let want = size.max(max_split);
+        let pool = small as usize;
+        let one = self.pools[pool]
+            .range((stream, want, 0, 0)..(stream, u64::MAX, u64::MAX, u32::MAX))
+            .map(|k| k.3)
+            .find(|&i| self.is_whole_segment(i));
+        if let Some(i) = one {
+            self.release_segment(i);
+            return true;
+        }
+        let candidates: Vec<u32> = self.pools[pool]
+            .range((stream, max_split, 0, 0)..(stream, want, 0, 0))
+            .rev()
+            .map(|k| k.3)
+            .filter(|&i| self.is_whole_segment(i))
+            .collect();
+        let mut total = 0;
+        for i in candidates {
+            if total >= want {
+                break;
+            }
+            total += self.blocks[i as usize].size;
+            self.release_segment(i);
+        }
+        total >= want
+    }
+
+    /// `release_cached_blocks`: free every unsplit cached segment and unmap every fully free
+    /// chunk of the expandable segments.
+    fn release_cached_blocks(&mut self) {
+        let free: Vec<u32> = self.pools.iter().flatten().map(|k| k.3).collect();
+        for i in free {
+            if self.is_whole_segment(i) {
+                self.release_segment(i);
+            } else if self.segs[self.blocks[i as usize].seg as usize].expandable {
+                self.unmap_free_chunks(i);
+            }
+        }
+    }
+
+    /// Expandable: a request on (stream, pool) maps the lowest run of free or unmapped space
+    /// that holds it.
+    fn alloc_expandable(&mut self, size: u64, stream: u64, small: bool) -> Option<u32> {
+        let seg = self.expandable_segment(stream, small);
+        let chunk = self.chunk(small);
+        // The lowest run: starts at an unmapped block (or the free block just before it) and
+        // goes on through free and unmapped blocks up to the next allocated one.
+        let mut start = None;
+        for &(_, u) in &self.segs[seg as usize].unmapped {
+            let prev = self.blocks[u as usize].prev;
+            let first = if prev != NONE && self.blocks[prev as usize].state == State::Free {
+                prev
+            } else {
+                u
+            };
+            let (mut total, mut cur) = (0u64, first);
+            while cur != NONE && self.blocks[cur as usize].state != State::Allocated {
+                total += self.blocks[cur as usize].size;
+                if total >= size {
+                    start = Some(first);
+                    break;
+                }
+                cur = self.blocks[cur as usize].next;
+            }
+            if start.is_some() {
+                break;
+            }
+        }
+        let start = start?;
+        let start_ptr = self.blocks[start as usize].ptr;
+        // Map what the request needs, chunk by chunk.
+        let (mut acc, mut cur) = (0u64, start);
+        while acc < size {
+            let b = self.blocks[cur as usize];
+            if b.state == State::Unmapped {
+                let len = b.size.min((size - acc).div_ceil(chunk) * chunk);
+                if self.reserved + len > self.opts.capacity {
+                    return None;
+                }
+                // The mapped part merges into its free neighbours; merges keep the leftmost block.
+                cur = self.map(cur, len);
+                acc = self.blocks[cur as usize].ptr + self.blocks[cur as usize].size - start_ptr;
+            } else {
+                acc += b.size;
+            }
+            cur = self.blocks[cur as usize].next;
+            if cur == NONE {
+                break;
+            }
+        }
+        // Every merge kept the leftmost block: `start` now spans the run.
+        let first = start;
+        if self.blocks[first as usize].size < size || self.blocks[first as usize].ptr != start_ptr {
+            return None;
+        }
+        self.pool_remove(first);
+        Some(first)
+    }
+
+    /// Maps the first `len` bytes of unmapped block `u`; returns the free block that holds them.
+    fn map(&mut self, u: u32, len: u64) -> u32 {
+        let b = self.blocks[u as usize];
+        let seg = b.seg as usize;
+        self.segs[seg].unmapped.remove(&(b.ptr, u));
+        if len < b.size {
+            let rest = self.new_block(Block {
+                ptr: b.ptr + len,
+                size: b.size - len,
+                state: State::Unmapped,
+                prev: u,
+                next: b.next,
+                seg: b.seg,
+            });
+            if b.next != NONE {
+                self.blocks[b.next as usize].prev = rest;
+            }
+            self.blocks[u as usize].next = rest;
+            self.blocks[u as usize].size = len;
+            self.segs[seg].unmapped.insert((b.ptr + len, rest));
+        }
+        self.blocks[u as usize].state = State::Free;
+        self.add_reserved(len);
+        self.created += len / self.chunk(self.segs[seg].small);
+        self.insert_free(u)
+    }
+
+    /// Unmaps the whole chunks inside free block `i` of an expandable segment.
+    fn unmap_free_chunks(&mut self, i: u32) {
+        let b = self.blocks[i as usize];
+        let seg = b.seg as usize;
+        let (base, chunk) = (self.segs[seg].base, self.chunk(self.segs[seg].small));
+        let lo = base + (b.ptr - base).div_ceil(chunk) * chunk;
+        let hi = base + (b.ptr + b.size - base) / chunk * chunk;
+        if hi <= lo {
+            return;
+        }
+        self.pool_remove(i);
+        self.reserved -= hi - lo;
+        self.released += (hi - lo) / chunk;
+        // Cut [ptr, lo) | [lo, hi) | [hi, end).
+        let mut mid = i;
+        if lo > b.ptr {
+            mid = self.split_off(i, lo - b.ptr);
+            self.pool_insert(i);
+        }
+        if hi < b.ptr + b.size {
+            let tail = self.split_off(mid, hi - lo);
+            self.pool_insert(tail);
+        }
+        self.blocks[mid as usize].state = State::Unmapped;
+        // Merge with unmapped neighbours.
+        let mut u = mid;
+        let prev = self.blocks[u as usize].prev;
+        if prev != NONE && self.blocks[prev as usize].state == State::Unmapped {
+            self.segs[seg]
+                .unmapped
+                .remove(&(self.blocks[prev as usize].ptr, prev));
+            self.absorb_next(prev);
+            u = prev;
+        }
+        let next = self.blocks[u as usize].next;
+        if next != NONE && self.blocks[next as usize].state == State::Unmapped {
+            self.segs[seg]
+                .unmapped
+                .remove(&(self.blocks[next as usize].ptr, next));
+            self.absorb_next(u);
+        }
+        self.segs[seg]
+            .unmapped
+            .insert((self.blocks[u as usize].ptr, u));
+    }
+
+    /// Cuts block `i` (in no set) after `len` bytes; returns the new right part (same state).
+    fn split_off(&mut self, i: u32, len: u64) -> u32 {
+        let b = self.blocks[i as usize];
+        let r = self.new_block(Block {
+            ptr: b.ptr + len,
+            size: b.size - len,
+            state: b.state,
+            prev: i,
+            next: b.next,
+            seg: b.seg,
+        });
+        if b.next != NONE {
+            self.blocks[b.next as usize].prev = r;
+        }
+        let blk = &mut self.blocks[i as usize];
+        blk.size = len;
+        blk.next = r;
+        r
+    }
+
+    /// The growable segment of (stream, pool), created on first use: address space of 9/8 of
+    /// the device, all unmapped.
+    fn expandable_segment(&mut self, stream: u64, small: bool) -> u32 {
+        if let Some(&s) = self.expandable.get(&(stream, small)) {
+            return s;
+        }
+        let chunk = self.chunk(small);
+        let va = (self.opts.capacity / 8 * 9).div_ceil(chunk).max(1) * chunk;
+        let seg = self.segs.len() as u32;
+        let base = self.next_va.div_ceil(chunk) * chunk;
+        let b = self.new_block(Block {
+            ptr: base,
+            size: va,
+            state: State::Unmapped,
+            prev: NONE,
+            next: NONE,
+            seg,
+        });
+        let mut unmapped = BTreeSet::new();
+        unmapped.insert((base, b));
+        self.segs.push(Segment {
+            stream,
+            small,
+            expandable: true,
+            base,
+            unmapped,
+        });
+        self.next_va = base + va;
+        self.expandable.insert((stream, small), seg);
+        seg
+    }
+}
+
+/// Emulate the native allocator on `trace`. Frees of ids never allocated are skipped; an
+/// allocation that cannot be met ends the emulation (`oom_event`).
 pub fn simulate(trace: &Trace, opts: &NativeOptions) -> NativeResult {
-    let _ = (trace, opts);
-    todo!("native emulation")
+    let mut n = Native::new(opts);
+    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+    let mut series = SeriesBuilder::new(trace.events.len(), opts.series_points);
+    let mut requested = 0u64;
+    let mut oom_event = None;
+    for (i, e) in trace.events.iter().enumerate() {
+        match e.op {
+            Op::Alloc if e.size == 0 => {}
+            Op::Alloc => match n.malloc(e.size, e.stream) {
+                Some(b) => {
+                    live.insert(e.id, (b, e.size));
+                    requested += e.size;
+                }
+                None => {
+                    oom_event = Some(i);
+                    break;
+                }
+            },
+            Op::Free => {
+                if let Some((b, size)) = live.remove(&e.id) {
+                    n.free(b);
+                    requested -= size;
+                }
+            }
+        }
+        series.push(i, requested, n.reserved);
+    }
+    NativeResult {
+        peak_reserved: n.peak_reserved,
+        peak_allocated: n.peak_allocated,
+        oom_event,
+        series: series.finish(),
+        segments_created: n.created,
+        segments_released: n.released,
+        alloc_retries: n.retries,
+        final_reserved: n.reserved,
+    }
 }
 
 /// The native reserved bytes the trace itself recorded, as plot points (`None` if not recorded).
 pub fn recorded_series(trace: &Trace, points: usize) -> Option<Vec<Point>> {
-    let _ = (trace, points);
-    todo!("recorded series")
+    let native = trace.native.as_ref()?;
+    let mut series = SeriesBuilder::new(trace.events.len(), points);
+    let mut changes = native.changes.iter().peekable();
+    let (mut reserved, mut requested) = (native.initial, 0u64);
+    let mut sizes: HashMap<u64, u64> = HashMap::new();
+    for (i, e) in trace.events.iter().enumerate() {
+        while let Some(&&(at, bytes)) = changes.peek() {
+            if at > i {
+                break;
+            }
+            reserved = bytes;
+            changes.next();
+        }
+        match e.op {
+            Op::Alloc => {
+                sizes.insert(e.id, e.size);
+                requested += e.size;
+            }
+            Op::Free => {
+                if let Some(s) = sizes.remove(&e.id) {
+                    requested -= s;
+                }
+            }
+        }
+        series.push(i, requested, reserved);
+    }
+    Some(series.finish())
 }

@@ -1,0 +1,281 @@
+//! The torch-arena-trace format: round trips, gzip, errors that name file and line, and the
+//! plugin's recorder.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use torch_arena::allocator::TorchArena;
+use torch_arena::config::Config;
+use torch_arena::trace::format::{self, Recorder};
+use torch_arena::trace::{Event, Kind, NativeReserved, Op, Source, Trace, synth};
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("torch-arena-trace-format-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn sample() -> Trace {
+    let ev = |op, id, size, stream, t, site| Event {
+        op,
+        id,
+        size,
+        stream,
+        time_us: t,
+        site,
+    };
+    Trace {
+        name: "sample".into(),
+        source: Source::Synthetic,
+        kind: Kind::Partial,
+        device: 3,
+        seeded: 1,
+        events: vec![
+            ev(Op::Alloc, 1, 4096, 0, 0, 1),
+            ev(Op::Alloc, 2, 3 << 20, 7, 5, 2),
+            ev(Op::Free, 1, 4096, 0, 9, 0),
+            ev(Op::Alloc, 3, 100, 0, 11, 0),
+            ev(Op::Free, 2, 3 << 20, 7, 12, 0),
+            ev(Op::Free, 3, 100, 0, 13, 0),
+        ],
+        sites: vec![
+            "unknown".into(),
+            "train.py:40 in step".into(),
+            "model.py:7 in forward\nline".into(),
+        ],
+        native: Some(NativeReserved {
+            initial: 2 << 20,
+            changes: vec![(1, 22 << 20), (6, 2 << 20)],
+            peak: 24 << 20,
+        }),
+    }
+}
+
+fn assert_same(a: &Trace, b: &Trace) {
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.sites.len(), b.sites.len());
+    for (x, y) in a.sites.iter().zip(&b.sites).skip(1) {
+        assert_eq!(x.replace('\n', " "), *y);
+    }
+    assert_eq!(a.kind, b.kind);
+    assert_eq!(a.seeded, b.seeded);
+    assert_eq!(a.device, b.device);
+    assert_eq!(a.native, b.native);
+    assert_eq!(b.source, Source::Arena(1));
+}
+
+#[test]
+fn round_trip_plain_and_gzip() {
+    let t = sample();
+    for name in ["rt.trace", "rt.trace.gz"] {
+        let p = tmp(name);
+        format::write(&t, &p).unwrap();
+        let back = format::read(&p).unwrap();
+        assert_same(&t, &back);
+        assert_eq!(back.name, name);
+    }
+    // gzip is detected by content, not by name.
+    let gz = std::fs::read(tmp("rt.trace.gz")).unwrap();
+    assert_eq!(&gz[..2], &[0x1f, 0x8b]);
+    std::fs::write(tmp("rt-gz-no-ext"), gz).unwrap();
+    assert_same(&t, &format::read(&tmp("rt-gz-no-ext")).unwrap());
+}
+
+#[test]
+fn round_trip_synthetic_trace() {
+    let t = synth::rmm_random(2000, 1 << 20, 7);
+    let p = tmp("rmm.trace.gz");
+    format::write(&t, &p).unwrap();
+    let back = format::read(&p).unwrap();
+    assert_eq!(back.events, t.events);
+    assert_eq!(back.native, None);
+}
+
+fn read_err(name: &str, text: &[u8]) -> String {
+    let p = tmp(name);
+    std::fs::write(&p, text).unwrap();
+    let e = format::read(&p).expect_err("must be refused").to_string();
+    assert!(
+        e.contains(&p.display().to_string()),
+        "error does not name the file: {e}"
+    );
+    e
+}
+
+#[test]
+fn newer_version_is_refused() {
+    let e = read_err("v2.trace", b"torch-arena-trace 2\na 0x1 1 0 0 0\n");
+    assert!(
+        e.contains(":1: version 2 is newer than this torch-arena reads (1)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn garbage_and_bad_lines_name_file_and_line() {
+    let e = read_err("garbage.trace", b"\x80\x81 hello\n");
+    assert!(e.contains(":1:"), "{e}");
+    let e = read_err("notours.trace", b"hello world\n");
+    assert!(e.contains(":1: not a torch-arena trace"), "{e}");
+    let e = read_err(
+        "bad.trace",
+        b"torch-arena-trace 1\n# c\n\na 0x10 12 0 0 1\nq 1 2\n",
+    );
+    assert!(e.contains(":5: unknown record \"q\""), "{e}");
+    let e = read_err(
+        "badnum.trace",
+        b"torch-arena-trace 1\na 0x10 twelve 0 0 1\n",
+    );
+    assert!(e.contains(":2: bad SIZE \"twelve\""), "{e}");
+    let e = read_err(
+        "twice.trace",
+        b"torch-arena-trace 1\na 0x10 1 0 0 1\na 0x10 1 0 0 2\n",
+    );
+    assert!(
+        e.contains(":3: pointer 0x10 on device 0 is allocated again"),
+        "{e}"
+    );
+    let e = read_err("site.trace", b"torch-arena-trace 1\na 0x10 1 0 0 1 4\n");
+    assert!(e.contains(":2: site 4 is used before"), "{e}");
+    let e = read_err("empty.trace", b"");
+    assert!(e.contains(":1: empty file"), "{e}");
+}
+
+#[test]
+fn truncated_files_name_the_line() {
+    let e = read_err(
+        "trunc.trace",
+        b"torch-arena-trace 1\na 0x10 4096 0 0 1\nf 0x10 40",
+    );
+    assert!(e.contains(":3:") && e.contains("truncated"), "{e}");
+    // A gzip stream cut short.
+    let p = tmp("full.trace.gz");
+    format::write(&synth::rmm_random(3000, 1 << 20, 1), &p).unwrap();
+    let gz = std::fs::read(&p).unwrap();
+    let e = read_err("trunc.trace.gz", &gz[..gz.len() / 2]);
+    assert!(e.contains("truncated"), "{e}");
+    assert!(e.contains(".gz:"), "{e}");
+}
+
+#[test]
+fn multi_device_recording_keeps_the_busiest_device_and_renumbers_reused_pointers() {
+    let p = tmp("multi.trace");
+    let mut f = std::fs::File::create(&p).unwrap();
+    f.write_all(
+        b"torch-arena-trace 1\nsite 9 x.py:1 in f\n\
+          a 0x100 10 0 1 0 9\nf 0x100 10 0 1 1\na 0x100 20 0 1 2\nf 0x100 20 0 1 3\n\
+          a 0x200 5 0 0 4\nf 0x300 7 0 1 5\n",
+    )
+    .unwrap();
+    drop(f);
+    let t = format::read(&p).unwrap();
+    assert_eq!(t.device, 1);
+    assert_eq!(t.events.len(), 5);
+    assert_eq!(t.sites, ["unknown", "x.py:1 in f"]);
+    assert_eq!(t.events[0].site, 1);
+    // The reused pointer gets a new id; the free of an unknown pointer an id of its own.
+    assert_eq!(
+        (t.events[0].id, t.events[1].id),
+        (t.events[0].id, t.events[0].id)
+    );
+    assert_ne!(t.events[2].id, t.events[0].id);
+    assert_eq!(t.events[3].id, t.events[2].id);
+    assert_eq!(t.events[3].size, 20);
+    assert!(t.events[..4].iter().all(|e| e.id != t.events[4].id));
+    assert_eq!(t.kind, Kind::Fresh);
+}
+
+#[test]
+fn recorder_through_torch_arena_reads_back_exactly() {
+    let p = tmp("plugin-{pid}.trace");
+    let conf = Config::parse(&format!(
+        "device:sim,sim_capacity_mb:1024,trace:{}",
+        p.display()
+    ))
+    .unwrap();
+    let arena = TorchArena::try_new(conf).unwrap();
+    let path = arena.recorder().unwrap().path();
+    assert!(
+        path.to_string_lossy()
+            .contains(&std::process::id().to_string())
+    );
+    let mut expect = Vec::new();
+    let mut live = Vec::new();
+    for i in 0..300u64 {
+        let size = (i * 7919) % (3 << 20) + 1;
+        let stream = i % 2 * 5;
+        let ptr = arena.malloc(size as usize, 0, stream).unwrap();
+        expect.push((Op::Alloc, size, stream));
+        live.push((ptr, size, stream));
+        if i % 3 == 2 {
+            let (ptr, size, stream) = live.remove(0);
+            arena.free(ptr, size as usize, 0, stream).unwrap();
+            expect.push((Op::Free, size, stream));
+        }
+    }
+    // Failed frees are not recorded; size 0 is not an allocation.
+    assert!(arena.free(0xdead_0000, 8, 0, 0).is_err());
+    assert_eq!(arena.malloc(0, 0, 0).unwrap(), 0);
+    for (ptr, size, stream) in live.drain(..) {
+        arena.free(ptr, size as usize, 0, stream).unwrap();
+        expect.push((Op::Free, size, stream));
+    }
+    arena.recorder().unwrap().flush();
+    let t = format::read(&path).unwrap();
+    let got: Vec<_> = t.events.iter().map(|e| (e.op, e.size, e.stream)).collect();
+    assert_eq!(got, expect);
+    assert!(t.events.windows(2).all(|w| w[0].time_us <= w[1].time_us));
+    // Every free ends an allocation of the trace.
+    let mut ids = std::collections::HashSet::new();
+    for e in &t.events {
+        match e.op {
+            Op::Alloc => assert!(ids.insert(e.id)),
+            Op::Free => assert!(ids.remove(&e.id)),
+        }
+    }
+    assert!(ids.is_empty());
+}
+
+#[test]
+fn recorder_that_cannot_be_created_is_a_configuration_error() {
+    let conf = Config::parse("device:sim,trace:/nonexistent-dir/x.trace").unwrap();
+    let e = TorchArena::try_new(conf.clone())
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("/nonexistent-dir/x.trace"), "{e}");
+    // `new` stays infallible: it logs and records nothing.
+    assert!(TorchArena::new(conf).recorder().is_none());
+}
+
+#[test]
+fn recorder_stops_quietly_when_writes_fail() {
+    // /dev/full accepts the open and fails every write with ENOSPC.
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    let r = match Recorder::create("/dev/full") {
+        // The header is written and flushed at creation: the error shows at configure time.
+        Err(e) => return assert!(e.to_string().contains("/dev/full"), "{e}"),
+        Ok(r) => r,
+    };
+    for i in 0..100_000u64 {
+        r.alloc(i << 9, 512, 0, 0);
+    }
+    r.flush();
+    assert!(!r.is_recording());
+}
+
+#[test]
+fn recorder_flushes_when_its_buffer_is_full() {
+    let p = tmp("bounded.trace");
+    let r = Recorder::create(&p).unwrap();
+    for i in 0..50_000u64 {
+        r.alloc(i << 9, 512, 0, 0);
+    }
+    // More than the 256 KiB buffer was recorded: most of it is on disk before any flush.
+    let on_disk = std::fs::metadata(&p).unwrap().len();
+    assert!(on_disk >= 512 << 10, "{on_disk}");
+    r.flush();
+    assert_eq!(format::read(&p).unwrap().events.len(), 50_000);
+}
