@@ -59,8 +59,5 @@ fn is_pickle(data: &[u8]) -> bool {
 
 /// Our own text format, read by `format::read` (which decompresses by itself).
 fn read_arena_trace(path: &Path) -> Result<Trace> {
-    const NOT_BUILT: &str = "torch-arena-trace files: reader not built in this branch";
-    let _ = path; // MERGE: delete this line and the const above, and
-    // MERGE: replace the next line with `super::format::read(path)` (src/trace/format.rs).
-    Err(Error::Trace(NOT_BUILT.into()))
+    super::format::read(path)
 }
