@@ -611,7 +611,20 @@ fn raster(panels: &[Panel]) -> Canvas {
         let g = geometry(panel, top);
         let f = &g.frame;
         let mut phase = 0;
-        cv.text(g.title.0, g.title.1 - 9.0, &panel.title, BLACK, 2);
+        // The title at double size when it fits, else at normal size, cut to the width.
+        let room = f.w + RIGHT - 4.0;
+        if text_width(&panel.title, 2) <= room {
+            cv.text(g.title.0, g.title.1 - 9.0, &panel.title, BLACK, 2);
+        } else {
+            let fit = (room / 6.0) as usize;
+            let title: String = if panel.title.chars().count() > fit {
+                let cut: String = panel.title.chars().take(fit.saturating_sub(3)).collect();
+                format!("{cut}...")
+            } else {
+                panel.title.clone()
+            };
+            cv.text(g.title.0, g.title.1 - 5.0, &title, BLACK, 1);
+        }
         for (y, label) in &g.y_ticks {
             cv.line((f.x0, *y), (f.x0 + f.w, *y), GRID, 1, None, &mut phase);
             cv.text(f.x0 - 6.0 - text_width(label, 1), y - 3.0, label, BLACK, 1);
