@@ -897,6 +897,8 @@ struct Emulated {
     elapsed: Duration,
     /// Size and stream of the event that ran out of memory.
     oom_request: Option<(u64, u64)>,
+    /// Peak requested bytes over the events it ran (up to an out-of-memory).
+    peak_requested: u64,
 }
 
 /// One replay of a trace under one setting.
@@ -969,7 +971,9 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
             .oom_event
             .and_then(|i| trace.events.get(i))
             .map(|e| (e.size, e.stream));
+        let ran = result.oom_event.unwrap_or(trace.events.len());
         Emulated {
+            peak_requested: peak_requested_before(&trace, ran),
             result,
             elapsed,
             oom_request,
@@ -1010,6 +1014,21 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
         emulated,
         runs,
     })
+}
+
+/// The most requested bytes live at once over the first `end` events.
+fn peak_requested_before(trace: &Trace, end: usize) -> u64 {
+    let (mut live, mut peak) = (0u64, 0u64);
+    for e in &trace.events[..end.min(trace.events.len())] {
+        match e.op {
+            tr::Op::Alloc => {
+                live += e.size;
+                peak = peak.max(live);
+            }
+            tr::Op::Free => live = live.saturating_sub(e.size),
+        }
+    }
+    peak
 }
 
 /// The table of one trace, the out-of-memory reports and notes on the trace's kind.
@@ -1063,9 +1082,9 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
         let done = e.result.oom_event.unwrap_or(i.events);
         rows.push(vec![
             "native (emulated)".into(),
-            fmt_bytes(i.peak_requested),
+            fmt_bytes(e.peak_requested),
             fmt_bytes(e.result.peak_reserved),
-            fmt_frag(fragmentation(e.result.peak_reserved, i.peak_requested)),
+            fmt_frag(fragmentation(e.result.peak_reserved, e.peak_requested)),
             fmt_count(done as u64),
             fmt_ns(e.elapsed.as_nanos() as f64 / done.max(1) as f64),
             dash(),
@@ -1246,7 +1265,7 @@ fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
             )
             .opt_float(
                 "native_emulated_fragmentation",
-                em.map(|e| fragmentation(e.result.peak_reserved, i.peak_requested)),
+                em.map(|e| fragmentation(e.result.peak_reserved, e.peak_requested)),
             )
             .opt_float(
                 "native_emulated_elapsed_s",
@@ -2424,6 +2443,7 @@ mod tests {
                 },
                 elapsed: Duration::from_millis(1),
                 oom_request: None,
+                peak_requested: 100 << 20,
             }),
             runs: vec![Run {
                 label: "stitch:False".into(),
