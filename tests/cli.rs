@@ -71,7 +71,7 @@ fn help_lists_commands_options_and_exit_codes() {
             "TORCH_ARENA_DEMO_TRACE",
             "scripts/make-demo-trace",
             "exit status",
-            "2   a replay ran out of memory",
+            "2   an arena replay ran out of memory",
         ] {
             assert!(out.contains(s), "help lacks {s:?}");
         }

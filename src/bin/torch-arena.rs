@@ -65,7 +65,17 @@ replay options:
                     allocation's bytes (slow: for small traces)
   --check           after every event, check that the stats are exact and that no live
                     allocations overlap (slow)
-  --json            print one JSON object per line per (trace, CONF) instead of tables
+  --json            print one JSON object per line per (trace, CONF) instead of tables:
+                    trace, path, source, kind, device, events, seeded_events, capacity_bytes,
+                    conf, conf_effective, backing, check, events_replayed,
+                    peak_requested_bytes, peak_reserved_bytes, native_peak_reserved_bytes
+                    (recorded in the trace), fragmentation (reserved / requested - 1),
+                    oom_event, oom (the report: event, size_bytes, stream, live_bytes,
+                    live_count, reserved_bytes, cached_bytes, message, largest_live),
+                    native_emulated_peak_reserved_bytes, native_emulated_oom_event,
+                    native_emulated_fragmentation, native_emulated_elapsed_s, elapsed_s,
+                    ns_per_event, events_per_s, driver_calls, error; null where unknown. A
+                    trace that cannot be read gets {trace, path, error}
   --plot FILE       draw requested and reserved bytes over each trace into FILE (.svg or .png):
                     one panel per trace, stacked in one image; with {trace} in FILE, one file
                     per trace, {trace} replaced by the trace's name
@@ -75,8 +85,8 @@ replay options:
 synth:
   synth adversarial [--capacity SIZE] -o FILE        (default capacity 80GiB)
   synth rmm-random --n N --max SIZE [--seed S] -o FILE
-                    -o, --output FILE: where to write (torch-arena trace format, gzipped when
-                    FILE ends in .gz)
+                    -o, --output FILE: where to write it, in torch-arena's trace format;
+                    `replay synth:...` replays the same trace without a file
 
 demo options:
   (none)            replay traces/demo-train.trace.gz from the source tree (set
@@ -96,7 +106,8 @@ exit status:
   0   everything ran and nothing ran out of memory
   1   bad usage, a trace that cannot be read, or a setting that cannot be used (the message
       names which); the other traces are still replayed
-  2   a replay ran out of memory (its report says where; the other replays still ran)
+  2   an arena replay ran out of memory (its report says where; the other replays still
+      ran). The emulated native allocator running out is a result, not a failure
 ";
 
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
@@ -643,11 +654,12 @@ fn source_key(s: Source) -> String {
     }
 }
 
-/// Break `text` into lines of at most `width` characters.
+/// Break `text` into lines of at most `width` characters, at ASCII spaces only: a no-break space
+/// (U+00A0) holds a figure and its unit together and is printed as a plain space.
 fn wrap(text: &str, width: usize) -> String {
     let mut out = String::new();
     let mut col = 0;
-    for word in text.split_whitespace() {
+    for word in text.split([' ', '\n']).filter(|w| !w.is_empty()) {
         let len = word.chars().count();
         if col > 0 && col + 1 + len > width {
             out.push('\n');
@@ -656,10 +668,15 @@ fn wrap(text: &str, width: usize) -> String {
             out.push(' ');
             col += 1;
         }
-        out.push_str(word);
+        out.push_str(&word.replace('\u{a0}', " "));
         col += len;
     }
     out
+}
+
+/// `s` with its spaces made no-break, for [`wrap`].
+fn nb(s: String) -> String {
+    s.replace(' ', "\u{a0}")
 }
 
 /// Print `rows` as a table: first row the header, first column left-aligned, the others
@@ -1806,23 +1823,26 @@ fn demo_trace_path() -> (PathBuf, bool) {
 
 /// A paragraph that reads the demo's table for a person.
 fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> String {
+    let nbb = |b| nb(fmt_bytes(b));
+    let nbf = |f| nb(fmt_frag(f));
+    let nbc = |n| nb(fmt_count(n));
     let req = r.peak_requested;
     let mut t = format!(
         "Reading: at its peak the run had {} of tensors live. ",
-        fmt_bytes(req)
+        nbb(req)
     );
     if let Some(oom) = &r.oom {
         t += &format!(
             "torch-arena ran out of memory at event {} on this {} GPU (the report above says \
              what was live and cached). ",
-            fmt_count(oom.event as u64),
-            fmt_bytes(s.capacity)
+            nbc(oom.event as u64),
+            nbb(s.capacity)
         );
     } else {
         t += &format!(
             "torch-arena reserved {}, {} more than that. ",
-            fmt_bytes(r.peak_reserved),
-            fmt_frag(r.fragmentation)
+            nbb(r.peak_reserved),
+            nbf(r.fragmentation)
         );
     }
     if let Some(e) = &o.emulated {
@@ -1831,8 +1851,8 @@ fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> Strin
             t += &format!(
                 "PyTorch's native allocator, emulated on the same events, ran out of memory at \
                  event {} on this {} GPU. ",
-                fmt_count(n as u64),
-                fmt_bytes(s.capacity)
+                nbc(n as u64),
+                nbb(s.capacity)
             );
         } else if r.oom.is_none() {
             let ours = r.peak_reserved;
@@ -1843,11 +1863,11 @@ fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> Strin
             };
             t += &format!(
                 "PyTorch's native allocator, emulated on the same events, would reserve {} ({} \
-                 more than requested): torch-arena needs {} {word} ({:.1} % of the native \
+                 more than requested): torch-arena needs {} {word} ({:.1}\u{a0}% of the native \
                  figure). ",
-                fmt_bytes(nat),
-                fmt_frag(fragmentation(nat, req)),
-                fmt_bytes(diff),
+                nbb(nat),
+                nbf(fragmentation(nat, req)),
+                nbb(diff),
                 100.0 * diff as f64 / nat.max(1) as f64
             );
         }
@@ -2181,6 +2201,7 @@ mod tests {
         assert_eq!(fmt_frag(0.019), "1.9 %");
         assert_eq!(fmt_frag(fragmentation(1, 0)), "–");
         assert_eq!(wrap("aa bb cc", 5), "aa bb\ncc");
+        assert_eq!(wrap(&format!("a {}", nb("1.0 %".into())), 4), "a\n1.0 %");
         assert_eq!(shorten("abcdef", 4), "…def");
         assert_eq!(
             plot_path_for("out/{trace}.svg", "a b/c.pickle"),
@@ -2567,7 +2588,7 @@ mod tests {
         let s = ReplaySettings::new(Some(false));
         let o = outcome(false, false);
         let Ok(r) = &o.runs[0].outcome else { panic!() };
-        let t = demo_reading(&s, &o, r);
+        let t = demo_reading(&s, &o, r).replace('\u{a0}', " ");
         assert!(t.contains("100.00 MiB of tensors live"), "{t}");
         assert!(
             t.contains("torch-arena needs 20.00 MiB less (15.4 % of the native figure)"),
