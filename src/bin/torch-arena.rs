@@ -132,6 +132,12 @@ const DEMO_TRACE_REL: &str = "traces/demo-train.trace.gz";
 type CliResult<T> = Result<T, String>;
 
 fn main() -> ExitCode {
+    // `torch-arena replay ... | head` should end quietly, as other commands do, rather than
+    // panic on the closed pipe.
+    // SAFETY: setting a signal's disposition to the default at start-up, before any thread.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay_command(&args[1..]),
