@@ -1,0 +1,480 @@
+//! The `torch-arena` command, run as a user runs it: usage errors, exit codes, JSON lines and
+//! plot files.
+//!
+//! The tests under "Replays" need the trace importer, the replayer, the native emulator and the
+//! synthetic traces (`trace::{load, replay, native, synth}`); `synth_writes_a_trace_file` also
+//! needs `trace::format::write`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn torch_arena(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+        .args(args)
+        .env_remove("TORCH_ARENA_DEMO_TRACE")
+        .env_remove("TORCH_ARENA_CONF")
+        .output()
+        .expect("run torch-arena")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A fresh folder for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Exit status 1, nothing on stdout, and stderr containing every one of `says`.
+fn assert_usage_error(o: &Output, says: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(o.stdout.is_empty(), "stdout: {}", stdout(o));
+    assert!(err.starts_with("torch-arena: "), "{err}");
+    for s in says {
+        assert!(err.contains(s), "stderr lacks {s:?}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage
+
+#[test]
+fn help_lists_commands_options_and_exit_codes() {
+    for args in [&[][..], &["help"], &["--help"], &["replay", "--help"]] {
+        let o = torch_arena(args);
+        assert_eq!(o.status.code(), Some(0));
+        let out = stdout(&o);
+        for s in [
+            "replay TRACE...",
+            "synth KIND",
+            "demo",
+            "--capacity SIZE",
+            "--conf CONF",
+            "--native",
+            "--backing",
+            "--check",
+            "--json",
+            "--plot FILE",
+            "--progress",
+            "synth:adversarial:CAPACITY",
+            "synth:rmm-random:N:MAX[:SEED]",
+            "--model",
+            "TORCH_ARENA_DEMO_TRACE",
+            "scripts/make-demo-trace",
+            "exit status",
+            "2   an arena replay ran out of memory",
+        ] {
+            assert!(out.contains(s), "help lacks {s:?}");
+        }
+    }
+}
+
+#[test]
+fn unknown_command() {
+    let o = torch_arena(&["replya"]);
+    assert_usage_error(&o, &["unknown command 'replya'", "replay, synth, demo"]);
+}
+
+#[test]
+fn unknown_option_is_named_with_a_hint() {
+    let o = torch_arena(&["replay", "--frobnicate", "synth:adversarial:1GiB"]);
+    assert_usage_error(
+        &o,
+        &["unknown option '--frobnicate'", "usage: torch-arena replay"],
+    );
+    let o = torch_arena(&["replay", "--capcity", "1GiB", "synth:adversarial:1GiB"]);
+    assert_usage_error(&o, &["did you mean '--capacity'?"]);
+    let o = torch_arena(&["demo", "--stpes", "3"]);
+    assert_usage_error(&o, &["unknown option '--stpes'", "did you mean '--steps'?"]);
+}
+
+#[test]
+fn option_without_value() {
+    let o = torch_arena(&["replay", "synth:adversarial:1GiB", "--capacity"]);
+    assert_usage_error(&o, &["--capacity needs a value"]);
+    let o = torch_arena(&["replay", "--json=yes", "synth:adversarial:1GiB"]);
+    assert_usage_error(&o, &["--json takes no value"]);
+}
+
+#[test]
+fn bad_capacity_unit_lists_accepted_forms() {
+    for bad in ["80GiG", "80", "lots"] {
+        let o = torch_arena(&["replay", "--capacity", bad, "synth:adversarial:1GiB"]);
+        assert_usage_error(
+            &o,
+            &[
+                &format!("'{bad}'"),
+                "B, KiB, MiB, GiB, TiB",
+                "KB, MB, GB, TB",
+                "80GiB",
+            ],
+        );
+    }
+}
+
+#[test]
+fn missing_trace_files_are_named_before_any_replay() {
+    let o = torch_arena(&[
+        "replay",
+        "synth:rmm-random:10:1MiB",
+        "/no/such/run.pickle.gz",
+        "also-missing.trace",
+    ]);
+    assert_usage_error(
+        &o,
+        &[
+            "cannot read trace '/no/such/run.pickle.gz'",
+            "cannot read trace 'also-missing.trace'",
+            "No such file",
+        ],
+    );
+}
+
+#[test]
+fn no_trace_and_bad_synthetic_specs() {
+    assert_usage_error(&torch_arena(&["replay"]), &["no trace given"]);
+    assert_usage_error(
+        &torch_arena(&["replay", "synth:rmm-random:many:1MiB"]),
+        &[
+            "'many' is not a whole number",
+            "synth:rmm-random:N:MAX[:SEED]",
+        ],
+    );
+    assert_usage_error(
+        &torch_arena(&["replay", "synth:chaos:1GiB"]),
+        &[
+            "unknown synthetic trace 'chaos'",
+            "synth:adversarial:CAPACITY",
+        ],
+    );
+}
+
+#[test]
+fn bad_conf_names_the_key() {
+    let o = torch_arena(&["replay", "--conf", "stich:False", "synth:adversarial:1GiB"]);
+    assert_usage_error(
+        &o,
+        &["--conf 'stich:False'", "unknown key 'stich'", "stitch"],
+    );
+    let o = torch_arena(&[
+        "replay",
+        "--conf",
+        "sim_capacity_mb:1024",
+        "synth:adversarial:1GiB",
+    ]);
+    assert_usage_error(&o, &["--capacity 1024MiB"]);
+}
+
+#[test]
+fn bad_plot_file_is_refused_before_any_replay() {
+    let o = torch_arena(&["replay", "--plot", "out.jpg", "synth:adversarial:1GiB"]);
+    assert_usage_error(&o, &["'out.jpg'", ".svg or .png"]);
+    let o = torch_arena(&[
+        "replay",
+        "--plot",
+        "/no/such/dir/out.svg",
+        "synth:adversarial:1GiB",
+    ]);
+    assert_usage_error(&o, &["'/no/such/dir' does not exist"]);
+}
+
+#[test]
+fn synth_usage_errors() {
+    assert_usage_error(&torch_arena(&["synth"]), &["adversarial or rmm-random"]);
+    assert_usage_error(
+        &torch_arena(&["synth", "adversarial"]),
+        &["-o FILE is required"],
+    );
+    assert_usage_error(
+        &torch_arena(&["synth", "rmm-random", "--n", "10", "-o", "x.trace"]),
+        &["needs --n N and --max SIZE"],
+    );
+    assert_usage_error(
+        &torch_arena(&["synth", "fractal", "-o", "x.trace"]),
+        &["unknown KIND 'fractal'"],
+    );
+    assert_usage_error(
+        &torch_arena(&["synth", "adversarial", "--n", "3", "-o", "x.trace"]),
+        &["takes --capacity only"],
+    );
+}
+
+#[test]
+fn demo_without_its_trace_says_how_to_make_it() {
+    let o = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+        .arg("demo")
+        .env("TORCH_ARENA_DEMO_TRACE", "/no/such/demo.trace.gz")
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &o,
+        &[
+            "TORCH_ARENA_DEMO_TRACE",
+            "'/no/such/demo.trace.gz'",
+            "scripts/make-demo-trace",
+            "torch-arena demo --model",
+        ],
+    );
+}
+
+#[test]
+fn demo_model_runs_the_modelled_loop() {
+    // --steps alone implies --model, as callers of the old `demo --steps N` expect.
+    for args in [
+        &["demo", "--model", "--steps", "1"][..],
+        &["demo", "--steps", "1"],
+    ] {
+        let o = torch_arena(args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("torch-arena summary, device ID 0"), "{out}");
+        assert!(out.contains("1 steps in"), "{out}");
+    }
+    let o = torch_arena(&["demo", "--model", "--capacity", "1GiB"]);
+    assert_usage_error(&o, &["--capacity and --plot are for the trace replay"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replays (need the trace bodies: load, replay, native, synth)
+
+/// Fields every `--json` line has.
+const JSON_FIELDS: &[&str] = &[
+    "trace",
+    "conf",
+    "kind",
+    "events",
+    "seeded_events",
+    "peak_requested_bytes",
+    "peak_reserved_bytes",
+    "native_peak_reserved_bytes",
+    "fragmentation",
+    "oom_event",
+    "native_emulated_peak_reserved_bytes",
+    "native_emulated_oom_event",
+    "elapsed_s",
+    "ns_per_event",
+    "driver_calls",
+];
+
+#[test]
+fn json_lines_have_every_field() {
+    let o = torch_arena(&[
+        "replay",
+        "--json",
+        "--native",
+        "--capacity",
+        "4GiB",
+        "--conf",
+        "",
+        "--conf",
+        "stitch:False",
+        "synth:rmm-random:2000:4MiB",
+        "synth:rmm-random:500:1MiB:7",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "one line per (trace, conf): {out}");
+    for (n, line) in lines.iter().enumerate() {
+        assert!(line.starts_with('{') && line.ends_with('}'), "{line}");
+        for f in JSON_FIELDS {
+            assert!(
+                line.contains(&format!("\"{f}\": ")),
+                "line {n} lacks {f}: {line}"
+            );
+        }
+        assert!(line.contains("\"oom_event\": null"), "{line}");
+        assert!(
+            line.contains("\"native_emulated_peak_reserved_bytes\": "),
+            "{line}"
+        );
+        assert!(
+            !line.contains("\"native_emulated_peak_reserved_bytes\": null"),
+            "{line}"
+        );
+        assert!(line.contains("\"kind\": \"fresh\""), "{line}");
+    }
+    assert!(lines[0].contains("\"trace\": \"synth:rmm-random:2000:4MiB\""));
+    assert!(lines[0].contains("\"conf\": \"\""));
+    assert!(lines[1].contains("\"conf\": \"stitch:False\""));
+    assert!(lines[3].contains("\"trace\": \"synth:rmm-random:500:1MiB:7\""));
+}
+
+#[test]
+fn human_table_has_a_row_per_allocator() {
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--conf",
+        "stitch:False",
+        "synth:rmm-random:1000:4MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "synth:rmm-random:1000:4MiB: synthetic",
+        "peak requested",
+        "peak reserved",
+        "fragmentation",
+        "time/event",
+        "driver calls",
+        "native (emulated)",
+        "arena (stitch:False)",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
+}
+
+#[test]
+fn adversarial_trace_runs_native_out_of_memory_but_not_the_arena() {
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--capacity",
+        "4GiB",
+        "--json",
+        "synth:adversarial:4GiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("\"oom_event\": null"), "{out}");
+    assert!(
+        !out.contains("\"native_emulated_oom_event\": null"),
+        "{out}"
+    );
+}
+
+#[test]
+fn out_of_memory_exits_2_with_a_report() {
+    let o = torch_arena(&[
+        "replay",
+        "--capacity",
+        "64MiB",
+        "synth:rmm-random:2000:64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "OOM at event",
+        "ran out of memory at event",
+        "live:",
+        "cached",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
+}
+
+#[test]
+fn plots_are_written_as_svg_and_png() {
+    let dir = scratch("plots");
+    let svg = dir.join("both.svg");
+    let png = dir.join("both.png");
+    for file in [&svg, &png] {
+        let o = torch_arena(&[
+            "replay",
+            "--native",
+            "--conf",
+            "",
+            "--conf",
+            "stitch:False",
+            "--plot",
+            file.to_str().unwrap(),
+            "synth:rmm-random:1000:4MiB",
+            "synth:rmm-random:300:1MiB",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg ") && text.trim_end().ends_with("</svg>"));
+    for s in [
+        "synth:rmm-random:1000:4MiB",
+        "synth:rmm-random:300:1MiB",
+        "requested",
+        "native (emulated) reserved",
+        "arena (defaults) reserved",
+        "arena (stitch:False) reserved",
+        "MiB",
+    ] {
+        assert!(text.contains(s), "svg lacks {s:?}");
+    }
+    assert_eq!(text.matches("<g>").count(), 2, "one panel per trace");
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_eq!(&bytes[12..16], b"IHDR");
+
+    // {trace} in the name: one file per trace.
+    let pattern = dir.join("each-{trace}.svg");
+    let o = torch_arena(&[
+        "replay",
+        "--plot",
+        pattern.to_str().unwrap(),
+        "synth:rmm-random:100:1MiB",
+        "synth:rmm-random:200:1MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for name in ["synth_rmm-random_100_1MiB", "synth_rmm-random_200_1MiB"] {
+        assert!(dir.join(format!("each-{name}.svg")).is_file(), "{name}");
+    }
+}
+
+#[test]
+fn unreadable_trace_file_is_named_and_the_others_still_run() {
+    let dir = scratch("corrupt");
+    let bad = dir.join("garbage.trace");
+    std::fs::write(&bad, b"\x00\x01 this is not a trace\n").unwrap();
+    let o = torch_arena(&[
+        "replay",
+        "--json",
+        bad.to_str().unwrap(),
+        "synth:rmm-random:100:1MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("garbage.trace"), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(out.lines().next().unwrap().contains("\"error\": "), "{out}");
+    assert!(
+        out.contains("\"trace\": \"synth:rmm-random:100:1MiB\""),
+        "{out}"
+    );
+}
+
+#[test]
+fn synth_writes_a_trace_file() {
+    // Needs trace::format::write too (see write_trace in src/bin/torch-arena.rs).
+    let dir = scratch("synth");
+    let file = dir.join("rmm.trace.gz");
+    let o = torch_arena(&[
+        "synth",
+        "rmm-random",
+        "--n",
+        "300",
+        "--max",
+        "1MiB",
+        "--seed",
+        "3",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("wrote "));
+    let o = torch_arena(&["replay", "--json", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let spec = torch_arena(&["replay", "--json", "synth:rmm-random:300:1MiB:3"]);
+    let field = |s: &str, f: &str| {
+        let at = s.find(&format!("\"{f}\": ")).unwrap();
+        s[at..].split(',').next().unwrap().to_string()
+    };
+    for f in ["events", "peak_requested_bytes"] {
+        assert_eq!(field(&stdout(&o), f), field(&stdout(&spec), f), "{f}");
+    }
+}
