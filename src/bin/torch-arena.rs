@@ -1652,13 +1652,7 @@ fn synth_command(args: &[String]) -> CliResult<u8> {
 
 /// Write `trace` in torch-arena's trace format.
 fn write_trace(trace: &Trace, path: &Path) -> CliResult<()> {
-    // MERGE: trace::format::write is being written on another branch; once merged, this line
-    // becomes `torch_arena::trace::format::write(trace, path).map_err(|e| e.to_string())`.
-    Err(format!(
-        "cannot write '{}' ({} events): this build has no trace writer yet (trace::format::write)",
-        path.display(),
-        trace.events.len()
-    ))
+    torch_arena::trace::format::write(trace, path).map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------------------------
