@@ -69,6 +69,7 @@ fn opts(capacity: u64, check: bool, backing: bool) -> ReplayOptions {
         conf_label: String::new(),
         backing,
         check,
+        consistency_every: 1,
         series_points: 50,
     }
 }

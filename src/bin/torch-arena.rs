@@ -1013,6 +1013,7 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
                 conf_label: label.clone(),
                 backing: effective.sim_backing,
                 check: s.check,
+                consistency_every: 1,
                 series_points: points,
             };
             let bar_label = if s.confs.len() > 1 {

@@ -30,6 +30,10 @@ pub struct ReplayOptions {
     pub backing: bool,
     /// After every event, check that stats are exact and that no live allocations overlap.
     pub check: bool,
+    /// With `check`: run the arena's full consistency walk (every block, O(live)) after every
+    /// this-many events and at the end; 1 = every event. The stats check runs after every event
+    /// regardless. Large traces use a sparser walk to keep the check linear in practice.
+    pub consistency_every: usize,
     /// How many points of (requested, reserved) to keep for a plot (0 = none).
     pub series_points: usize,
 }
@@ -279,7 +283,9 @@ pub fn replay(
             },
         }
         if opts.check {
-            check_event(trace, &arena, in_arena, i, requested, allocated)?;
+            let every = opts.consistency_every.max(1);
+            let walk = i % every == every - 1 || i + 1 == total;
+            check_event(trace, &arena, in_arena, i, requested, allocated, walk)?;
             if opts.backing && i % FULL_PATTERN_CHECK_EVERY == FULL_PATTERN_CHECK_EVERY - 1 {
                 check_all_patterns(&live, i)?;
             }
@@ -328,6 +334,7 @@ fn check_event(
     i: usize,
     requested: u64,
     allocated: u64,
+    walk: bool,
 ) -> Result<()> {
     let s = arena.stats();
     let count = count as i64;
@@ -352,6 +359,9 @@ fn check_event(
                 trace.name
             )));
         }
+    }
+    if !walk {
+        return Ok(());
     }
     arena.check_consistency().map_err(|m| {
         Error::Trace(format!(
