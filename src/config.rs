@@ -71,6 +71,9 @@ pub struct Config {
     pub release_idle_ms: u64,
     /// `memory_fraction:F`: cap on reserved bytes as a fraction of device memory, in (0, 1].
     pub memory_fraction: f64,
+    /// `slab_max_kb:N`: largest request served from size-class slabs, in KiB; larger requests
+    /// take 512-byte-granular blocks of the page heap (default 1024 = PyTorch's small pool).
+    pub slab_max_kb: u64,
     /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
     /// Python package); `None` = no recording.
     pub trace: Option<String>,
@@ -89,6 +92,7 @@ impl Default for Config {
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
+            slab_max_kb: 1024,
             trace: None,
         }
     }
@@ -131,7 +135,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 11] = [
+const KEY_DEFS: [KeyDef; 12] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -247,6 +251,18 @@ const KEY_DEFS: [KeyDef; 11] = [
             Some(())
         },
         show: |c| c.memory_fraction.to_string(),
+    },
+    KeyDef {
+        name: "slab_max_kb",
+        help: "largest request served from size-class slabs in KiB, a power of two from 4 to \
+               1024; larger ones take 512-byte blocks of the page heap (default 1024)",
+        forms: "a power of two from 4 to 1024 (KiB)",
+        set: |c, v| {
+            c.slab_max_kb =
+                parse_uint(v).filter(|&n| (4..=1024).contains(&n) && n.is_power_of_two())?;
+            Some(())
+        },
+        show: |c| c.slab_max_kb.to_string(),
     },
     KeyDef {
         name: "trace",

@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 12] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -41,6 +41,7 @@ const KEYS: [&str; 11] = [
     "stitch",
     "release_idle_ms",
     "memory_fraction",
+    "slab_max_kb",
     "trace",
 ];
 
@@ -69,7 +70,7 @@ fn every_key_parses() {
     let c = parse(
         "device:sim,sim_capacity_mb:1024,sim_backing:True,sim_granularity_kb:64,sim_vmm:False,\
          sim_devices:8,page_size_mb:4,stitch:False,release_idle_ms:1500,memory_fraction:0.25,\
-         trace:/tmp/run-{rank}.trace",
+         slab_max_kb:64,trace:/tmp/run-{rank}.trace",
     );
     assert_eq!(
         c,
@@ -84,6 +85,7 @@ fn every_key_parses() {
             stitch: false,
             release_idle_ms: 1500,
             memory_fraction: 0.25,
+            slab_max_kb: 64,
             trace: Some("/tmp/run-{rank}.trace".into()),
         }
     );
@@ -350,7 +352,7 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, stitch, release_idle_ms, memory_fraction, trace"
+         page_size_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace"
     );
     fails_with(
         "Stitch:True",
@@ -497,7 +499,8 @@ fn display_prints_the_grammar() {
     assert_eq!(
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
-         sim_devices:1,page_size_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1"
+         sim_devices:1,page_size_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         slab_max_kb:1024"
     );
 }
 

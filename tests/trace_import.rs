@@ -6,6 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[path = "common/shared_traces.rs"]
+mod shared_traces;
+use shared_traces::traces_dir;
+
 use torch_arena::trace::pickle::{self, Value};
 use torch_arena::trace::{self, Kind, Op, Source, Trace, rmm, torch_snapshot};
 
@@ -13,23 +17,6 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/traces")
-}
-
-fn traces_dir() -> PathBuf {
-    let (dir, how) = match std::env::var_os("TORCH_ARENA_TRACES") {
-        Some(d) => (PathBuf::from(d), "$TORCH_ARENA_TRACES"),
-        None => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
-            "<CARGO_MANIFEST_DIR>/../shared/traces",
-        ),
-    };
-    assert!(
-        dir.join("index.csv").is_file(),
-        "shared traces not found: looked for {} ({how}); set TORCH_ARENA_TRACES to the folder \
-         holding the snapshot pickles and index.csv",
-        dir.join("index.csv").display()
-    );
-    dir
 }
 
 /// A scratch file under the system temp dir, unique to this process and `tag`.

@@ -1,5 +1,7 @@
 //! Replay through the arena, the native allocator's emulation, and the synthetic traces.
 
+#[path = "common/shared_traces.rs"]
+mod shared_traces;
 use torch_arena::config::Config;
 use torch_arena::trace::native::{self, NativeOptions, allocation_size, round_size};
 use torch_arena::trace::replay::{ReplayOptions, replay};
@@ -474,20 +476,13 @@ fn replay_speed() {
     );
 }
 
-// ---- real traces: NEED THE IMPORTER (torch_arena::trace::load), which is on another branch ----
+// ---- real traces (../shared/traces) ----------------------------------------------------------
 
 /// The 9 "fresh" PyTorch snapshots of `shared/traces`: the emulated native peak reserved should
-/// be close to the one each trace recorded. Fails until `trace::load` is merged (it is `todo!`
-/// on this branch); run with `-- --ignored --nocapture` after the merge.
+/// be close to the one each trace recorded.
 #[test]
-#[ignore = "needs torch_arena::trace::load (importer branch)"]
 fn native_emulation_matches_fresh_snapshots() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces");
-    let dir = if dir.exists() {
-        dir
-    } else {
-        std::path::PathBuf::from("/work/shared/traces")
-    };
+    let dir = shared_traces::traces_dir();
     let index = std::fs::read_to_string(dir.join("index.csv")).expect("index.csv");
     let mut checked = 0;
     for line in index.lines().skip(1) {

@@ -236,6 +236,8 @@ struct Inner {
     /// Virtual bytes reserved per VMM region.
     region_len: u64,
     classes: SizeClasses,
+    /// Requests up to this size take slab slots; larger ones take heap blocks (`slab_max_kb`).
+    slab_max: u64,
     streams: Vec<StreamState>,
     stream_index: IntMap<StreamId, u32>,
     last_stream: (StreamId, u32),
@@ -298,6 +300,7 @@ impl Arena {
             limit,
             region_len,
             classes: SizeClasses::new(page),
+            slab_max: (conf.slab_max_kb << 10).min(MAX_SMALL),
             streams: Vec::new(),
             stream_index: IntMap::default(),
             last_stream: (u64::MAX, u32::MAX),
@@ -493,7 +496,7 @@ impl Inner {
         s: u32,
         anywhere: bool,
     ) -> std::result::Result<DevPtr, Miss> {
-        if size <= MAX_SMALL {
+        if size <= self.slab_max {
             self.alloc_small(size, s, anywhere)
         } else {
             self.alloc_large(size, s, anywhere)
