@@ -2426,6 +2426,8 @@ mod tests {
             }),
             elapsed: Duration::from_millis(2),
             driver_calls: 17,
+            unmatched_frees: 0,
+            live_at_end: 4,
             series: vec![
                 Point {
                     event: 0,
@@ -2462,6 +2464,10 @@ mod tests {
                     peak_allocated: 100 << 20,
                     oom_event: None,
                     series: vec![],
+                    segments_created: 7,
+                    segments_released: 0,
+                    alloc_retries: 0,
+                    final_reserved: 130 << 20,
                 },
                 elapsed: Duration::from_millis(1),
                 oom_request: None,
