@@ -486,7 +486,7 @@ impl Tracker {
                     n
                 })
                 .unwrap_or(1);
-            if n % every != 0 {
+            if !n.is_multiple_of(every) {
                 return 0;
             }
         }
