@@ -678,21 +678,21 @@ fn measure_side(
         }
         track if track.starts_with("track-") => {
             let mode = &track["track-".len()..];
-            let mut conf = Config::parse(&format!(
-                "device:sim,sim_capacity_mb:{},sim_granularity_kb:{}",
+            let sites = match mode {
+                "off" | "default" => "none",
+                "python" | "native" => mode,
+                other => return Err(format!("unknown tracking mode {other:?}")),
+            };
+            let conf = Config::parse(&format!(
+                "device:sim,sim_capacity_mb:{},sim_granularity_kb:{},sites:{sites}",
                 capacity_for(mix, live) / MIB,
                 GRANULARITY >> 10
             ))
             .map_err(|e| e.to_string())?;
-            let tracker = match mode {
-                "off" => Tracker::disabled(),
-                "default" => Tracker::new(&conf),
-                "python" | "native" => {
-                    conf = Config::parse(&format!("{conf},sites:{mode}"))
-                        .map_err(|e| e.to_string())?;
-                    Tracker::new(&conf)
-                }
-                other => return Err(format!("unknown tracking mode {other:?}")),
+            let tracker = if mode == "off" {
+                Tracker::disabled()
+            } else {
+                Tracker::new(&conf)
             };
             let a = TrackedAlloc(TorchArena::with_tracker(conf, tracker));
             let m = run(&a, plan, &|| 0)?;
