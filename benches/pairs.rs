@@ -278,6 +278,27 @@ impl Allocator for TrackedAlloc {
     }
 }
 
+/// The tracker alone (no arena): fake 512-byte-aligned pointers from a counter, for profiling
+/// what the live table costs by itself (SIDE `tracker-only`, by hand only).
+struct TrackerOnly(Tracker, std::sync::atomic::AtomicU64);
+
+impl Allocator for TrackerOnly {
+    const FREE_ALL: bool = false;
+
+    #[inline]
+    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
+        let p = (self.1.fetch_add(1, Ordering::Relaxed) + 1) << 9;
+        self.0.on_alloc(0, p, size, stream, 0, None);
+        Ok(p)
+    }
+
+    #[inline]
+    fn free(&self, ptr: u64, _size: u64, stream: u64) {
+        let e = self.0.take(0, ptr);
+        self.0.on_free(0, ptr, e, true, stream, None);
+    }
+}
+
 /// The tracking modes `TORCH_ARENA_BENCH_TRACK` accepts.
 const TRACK_MODES: [&str; 4] = ["off", "default", "python", "native"];
 
@@ -710,6 +731,16 @@ fn measure_side(
             drop(a);
             side.end_s = t.elapsed().as_secs_f64();
             side
+        }
+        "tracker-only" => {
+            let t = TrackerOnly(Tracker::new(&Config::default()), Default::default());
+            let m = run(&t, plan, &|| 0)?;
+            let (pair, latency) = figures(&m, &plan);
+            Side {
+                pair,
+                latency,
+                ..Side::default()
+            }
         }
         "system" => {
             let m = run(&SystemAlloc, plan, &|| 0)?;

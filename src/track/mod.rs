@@ -45,6 +45,7 @@
 pub mod json;
 pub mod leaks;
 pub mod sites;
+mod spin;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -61,6 +62,7 @@ use crate::config::{Config, SitesMode};
 use crate::device::{DevPtr, StreamId};
 use leaks::Point;
 use sites::{Frame, Interner, SITES_NATIVE, SITES_PYTHON, Symbolizer};
+use spin::SpinLock;
 
 /// Live-table shards per device.
 pub const SHARDS: usize = 64;
@@ -125,7 +127,7 @@ pub struct Entry {
 /// A shard of the live table, on its own cache line.
 #[repr(align(64))]
 #[derive(Default)]
-struct Shard(Mutex<PtrMap<DevPtr, Entry>>);
+struct Shard(SpinLock<PtrMap<DevPtr, Entry>>);
 
 /// Live bytes and count of one site.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -195,7 +197,7 @@ impl DeviceTrack {
     }
 
     #[inline]
-    fn shard(&self, ptr: DevPtr) -> &Mutex<PtrMap<DevPtr, Entry>> {
+    fn shard(&self, ptr: DevPtr) -> &SpinLock<PtrMap<DevPtr, Entry>> {
         let h = (ptr >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         &self.shards[(h >> (64 - SHARDS.trailing_zeros())) as usize].0
     }
