@@ -381,6 +381,10 @@ const OWN_FRAMES: &[&str] = &[
     "backtrace",
 ];
 
+/// The exports an allocation enters torch-arena through: frames up to the outermost of them are
+/// torch-arena's own.
+const ENTRY_FRAMES: &[&str] = &["torch_arena_malloc+", "torch_arena_try_malloc+"];
+
 impl Symbolizer {
     /// The text of `frames` (innermost first), leading torch-arena frames dropped. Takes the GIL
     /// for Python frames not seen before: call it with no lock of ours held.
@@ -443,10 +447,20 @@ impl Symbolizer {
             .iter()
             .filter_map(|f| cache.get(f).cloned())
             .collect();
-        let own = out
+        // Through the exports, everything up to the export itself is ours (with the Rust
+        // runtime's catch_unwind frames in between); called from Rust, the leading frames of
+        // torch-arena are.
+        let native = out.iter().take_while(|t| t.kind == "native").count();
+        let own = match out[..native]
             .iter()
-            .take_while(|t| t.kind == "native" && OWN_FRAMES.iter().any(|o| t.name.contains(o)))
-            .count();
+            .rposition(|t| ENTRY_FRAMES.iter().any(|e| t.name.starts_with(e)))
+        {
+            Some(i) => i + 1,
+            None => out[..native]
+                .iter()
+                .take_while(|t| OWN_FRAMES.iter().any(|o| t.name.contains(o)))
+                .count(),
+        };
         out.drain(..own);
         out
     }
