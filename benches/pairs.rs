@@ -29,6 +29,15 @@
 //! arena, system, harness) runs one side of one configuration in this process and prints its
 //! figures, which is what the parent does in each child; run the bench binary that way under
 //! `perf record` to profile a single configuration.
+//!
+//! Tracking (`src/track`): `TORCH_ARENA_BENCH_TRACK=off,default,python,native` (any of them, comma
+//! separated) adds, per configuration, one side per mode that runs the same pairs through the
+//! whole `TorchArena` (tracker included) on an equal simulated device: `off` with
+//! `Tracker::disabled()` (the allocator layer without tracking), `default` (live table, no
+//! sites), `python` (`sites:python`; in this process there is no Python interpreter, so it
+//! measures only the check that skips capture), `native` (`sites:native`, a backtrace per
+//! allocation). Those runs write `bench/results/pairs-track-<date>-<commit>.json`; SIDE in
+//! `TORCH_ARENA_BENCH_CHILD` is then `track-MODE`.
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -39,10 +48,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use torch_arena::Config;
 use torch_arena::arena::Arena;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, DriverCounters};
+use torch_arena::track::Tracker;
+use torch_arena::{Config, TorchArena};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -245,6 +255,73 @@ impl Allocator for ArenaAlloc {
             panic!("arena free({ptr:#x}, {size}) failed: {e}");
         }
     }
+}
+
+/// The whole allocator layer (device 0, the tracker included), as the C exports call it.
+struct TrackedAlloc(TorchArena);
+
+impl Allocator for TrackedAlloc {
+    const FREE_ALL: bool = false;
+
+    #[inline]
+    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
+        self.0
+            .malloc(size as usize, 0, stream)
+            .map_err(|e| format!("TorchArena malloc({size}) failed: {e}"))
+    }
+
+    #[inline]
+    fn free(&self, ptr: u64, size: u64, stream: u64) {
+        if let Err(e) = self.0.free(ptr, size as usize, 0, stream) {
+            panic!("TorchArena free({ptr:#x}, {size}) failed: {e}");
+        }
+    }
+}
+
+/// The tracker alone (no arena): fake 512-byte-aligned pointers from a counter, for profiling
+/// what the live table costs by itself (SIDE `tracker-only`, by hand only).
+struct TrackerOnly(Tracker, std::sync::atomic::AtomicU64);
+
+impl Allocator for TrackerOnly {
+    const FREE_ALL: bool = false;
+
+    #[inline]
+    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
+        let p = (self.1.fetch_add(1, Ordering::Relaxed) + 1) << 9;
+        self.0.on_alloc(0, p, size, stream, 0, None);
+        Ok(p)
+    }
+
+    #[inline]
+    fn free(&self, ptr: u64, _size: u64, stream: u64) {
+        let e = self.0.take(0, ptr);
+        self.0.on_free(0, ptr, e, true, stream, None);
+    }
+}
+
+/// The tracking modes `TORCH_ARENA_BENCH_TRACK` accepts.
+const TRACK_MODES: [&str; 4] = ["off", "default", "python", "native"];
+
+/// The tracking modes asked for (in `TRACK_MODES` order).
+fn track_modes() -> Vec<&'static str> {
+    let asked = std::env::var("TORCH_ARENA_BENCH_TRACK").unwrap_or_default();
+    let asked: Vec<&str> = asked
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .collect();
+    for m in &asked {
+        if !TRACK_MODES.contains(m) {
+            eprintln!(
+                "pairs: TORCH_ARENA_BENCH_TRACK: unknown mode {m:?}; expected off, default, python or native"
+            );
+            std::process::exit(2);
+        }
+    }
+    TRACK_MODES
+        .into_iter()
+        .filter(|m| asked.contains(m))
+        .collect()
 }
 
 /// glibc malloc/free. The memory is never touched.
@@ -538,6 +615,8 @@ struct Row {
     system: Result<Side, String>,
     /// The harness alone (no allocator).
     harness: Result<Side, String>,
+    /// `TORCH_ARENA_BENCH_TRACK`: the whole allocator layer per tracking mode.
+    track: Vec<(&'static str, Result<Side, String>)>,
 }
 
 fn pairs_for(live: usize, scale: f64) -> usize {
@@ -617,6 +696,51 @@ fn measure_side(
             drop(dev);
             side.end_s = t.elapsed().as_secs_f64();
             side
+        }
+        track if track.starts_with("track-") => {
+            let mode = &track["track-".len()..];
+            let sites = match mode {
+                "off" | "default" => "none",
+                "python" | "native" => mode,
+                other => return Err(format!("unknown tracking mode {other:?}")),
+            };
+            let conf = Config::parse(&format!(
+                "device:sim,sim_capacity_mb:{},sim_granularity_kb:{},sites:{sites}",
+                capacity_for(mix, live) / MIB,
+                GRANULARITY >> 10
+            ))
+            .map_err(|e| e.to_string())?;
+            let tracker = if mode == "off" {
+                Tracker::disabled()
+            } else {
+                Tracker::new(&conf)
+            };
+            let a = TrackedAlloc(TorchArena::with_tracker(conf, tracker));
+            let m = run(&a, plan, &|| 0)?;
+            let stats = a.0.stats(0).map_err(|e| e.to_string())?;
+            let (pair, latency) = figures(&m, &plan);
+            let mut side = Side {
+                pair,
+                latency,
+                fill_s: m.fill.as_secs_f64(),
+                reserved_end: stats.reserved_bytes.all().current,
+                allocated_peak: stats.allocated_bytes.all().peak,
+                ..Side::default()
+            };
+            let t = Instant::now();
+            drop(a);
+            side.end_s = t.elapsed().as_secs_f64();
+            side
+        }
+        "tracker-only" => {
+            let t = TrackerOnly(Tracker::new(&Config::default()), Default::default());
+            let m = run(&t, plan, &|| 0)?;
+            let (pair, latency) = figures(&m, &plan);
+            Side {
+                pair,
+                latency,
+                ..Side::default()
+            }
         }
         "system" => {
             let m = run(&SystemAlloc, plan, &|| 0)?;
@@ -717,6 +841,10 @@ fn measure(mix: &Mix, live: usize, threads: usize, scale: f64, skip: &str) -> Ro
     let arena = side("arena");
     let system = side("system");
     let harness = side("harness");
+    let track = track_modes()
+        .into_iter()
+        .map(|m| (m, side(&format!("track-{m}"))))
+        .collect();
     Row {
         label,
         mix: mix.name,
@@ -728,6 +856,7 @@ fn measure(mix: &Mix, live: usize, threads: usize, scale: f64, skip: &str) -> Ro
         arena,
         system,
         harness,
+        track,
     }
 }
 
@@ -807,6 +936,40 @@ fn table_line(r: &Row) -> String {
     ])
 }
 
+/// The tracking sides of a row, one line: ns/pair per mode and the difference from `off`.
+fn track_line(r: &Row) -> Option<String> {
+    if r.track.is_empty() {
+        return None;
+    }
+    let off = r
+        .track
+        .iter()
+        .find(|(m, _)| *m == "off")
+        .and_then(|(_, s)| s.as_ref().ok())
+        .map(|s| s.pair.median);
+    let cells: Vec<String> = r
+        .track
+        .iter()
+        .map(|(m, s)| match s {
+            Ok(s) => match off {
+                Some(o) if *m != "off" => format!(
+                    "{m} {:.0} ns ({:+.0}; p10-p90 {:.0}-{:.0})",
+                    s.pair.median,
+                    s.pair.median - o,
+                    s.pair.p10,
+                    s.pair.p90
+                ),
+                _ => format!(
+                    "{m} {:.0} ns (p10-p90 {:.0}-{:.0})",
+                    s.pair.median, s.pair.p10, s.pair.p90
+                ),
+            },
+            Err(e) => format!("{m} failed: {e}"),
+        })
+        .collect();
+    Some(format!("    {} tracking: {}", r.label, cells.join(", ")))
+}
+
 fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
     o.push('"');
@@ -868,11 +1031,21 @@ fn row_json(r: &Row) -> String {
         Ok(h) => spread_json(&h.pair),
         Err(e) => format!("{{\"unavailable\": {}}}", esc(e)),
     };
+    let track = if r.track.is_empty() {
+        String::new()
+    } else {
+        let sides: Vec<String> = r
+            .track
+            .iter()
+            .map(|(m, s)| format!("{}: {}", esc(m), side_json(s, false)))
+            .collect();
+        format!(", \"tracking\": {{{}}}", sides.join(", "))
+    };
     format!(
         "    {{\"config\": {}, \"mix\": {}, \"live\": {}, \"threads\": {}, \
          \"pairs_per_thread_per_batch\": {}, \"live_bytes_expected\": {:.0}, \
          \"sim_capacity_bytes\": {}, \"arena\": {}, \"system_malloc\": {}, \
-         \"system_over_arena_median\": {ratio}, \"harness_ns_per_pair\": {harness}}}",
+         \"system_over_arena_median\": {ratio}, \"harness_ns_per_pair\": {harness}{track}}}",
         esc(&r.label),
         esc(r.mix),
         r.live,
@@ -1058,6 +1231,9 @@ fn main() {
     for (mix, live, threads) in configs {
         let row = measure(mix, live, threads, scale, &skip);
         println!("{}", table_line(&row));
+        if let Some(t) = track_line(&row) {
+            println!("{t}");
+        }
         for (who, e) in [
             ("arena", row.arena.as_ref().err()),
             ("system malloc", row.system.as_ref().err()),
@@ -1080,10 +1256,15 @@ fn main() {
     let short = commit.trim_end_matches("-dirty");
     let dir = root.join("bench/results");
     // Never overwrite an earlier run: the second run of a day and commit gets `-2`, and so on.
-    let stem = format!(
-        "pairs-{date}-{short}{}",
-        if partial { "-partial" } else { "" }
-    );
+    let tracking = !track_modes().is_empty();
+    let stem = if tracking {
+        format!("pairs-track-{date}-{short}")
+    } else {
+        format!(
+            "pairs-{date}-{short}{}",
+            if partial { "-partial" } else { "" }
+        )
+    };
     let name = (1..)
         .map(|n| match n {
             1 => format!("{stem}.json"),
@@ -1115,7 +1296,7 @@ fn main() {
          touched\", \"harness\": \"sizes and victims drawn before each timed batch; the live-set \
          entry of the pair {PREFETCH_AHEAD} ahead is prefetched; harness_ns_per_pair = the same \
          loop with no allocator\", \"isolation\": \"each side of each configuration runs in a \
-         fresh child process\", \"total_s\": {:.1}}},",
+         fresh child process\", \"tracking\": {}, \"total_s\": {:.1}}},",
         esc(&mix_path.display().to_string()),
         full.notes
             .iter()
@@ -1125,6 +1306,19 @@ fn main() {
         full.total(),
         full.sizes.len(),
         full.mean(),
+        if tracking {
+            esc(&format!(
+                "TORCH_ARENA_BENCH_TRACK={}: each mode runs the pairs through TorchArena::malloc/free \
+                 (device 0, sim device of the same capacity and granularity); off = \
+                 Tracker::disabled(), default = live table only, python = sites:python with no \
+                 Python interpreter in the process (measures the skip only), native = \
+                 sites:native (libc backtrace per allocation); ns_per_pair as for the arena; \
+                 partial run: {partial}",
+                track_modes().join(",")
+            ))
+        } else {
+            "null".to_string()
+        },
         total.as_secs_f64()
     );
     let _ = writeln!(json, "  \"rows\": [");

@@ -15,6 +15,7 @@ use crate::device::{
 use crate::error::{Error, PointerFault, Result};
 use crate::stats::DeviceStats;
 use crate::trace::format::Recorder;
+use crate::track::Tracker;
 
 /// Most devices one process may address (CUDA's own limit is far below this).
 pub const MAX_DEVICES: usize = 64;
@@ -25,6 +26,7 @@ pub struct TorchArena {
     arenas: Vec<OnceCell<Arena>>,
     /// `trace:PATH`: every successful alloc and free is recorded here.
     recorder: Option<Recorder>,
+    track: Tracker,
 }
 
 impl TorchArena {
@@ -34,7 +36,8 @@ impl TorchArena {
     pub fn new(conf: Config) -> Self {
         Self::try_new(conf.clone()).unwrap_or_else(|e| {
             tracing::warn!("{e}; continuing without recording");
-            Self::with_recorder(conf, None)
+            let track = Tracker::new(&conf);
+            Self::build(conf, None, track)
         })
     }
 
@@ -47,16 +50,29 @@ impl TorchArena {
             ),
             None => None,
         };
-        Ok(Self::with_recorder(conf, recorder))
+        let track = Tracker::new(&conf);
+        Ok(Self::build(conf, recorder, track))
     }
 
-    fn with_recorder(conf: Config, recorder: Option<Recorder>) -> Self {
+    /// An allocator with this tracker and no trace recording ([`Tracker::disabled`] measures
+    /// what tracking costs).
+    pub fn with_tracker(conf: Config, track: Tracker) -> Self {
+        Self::build(conf, None, track)
+    }
+
+    fn build(conf: Config, recorder: Option<Recorder>, track: Tracker) -> Self {
         let arenas = (0..MAX_DEVICES).map(|_| OnceCell::new()).collect();
         TorchArena {
             conf,
             arenas,
             recorder,
+            track,
         }
+    }
+
+    /// Who holds what: live allocations, steps, tags, sites, history.
+    pub fn tracker(&self) -> &Tracker {
+        &self.track
     }
 
     /// An allocator configured from `TORCH_ARENA_CONF` (empty or unset: defaults).
@@ -123,13 +139,21 @@ impl TorchArena {
             return Ok(0);
         }
         let arena = self.arena(device)?;
-        let Some(rec) = &self.recorder else {
-            return arena.malloc(size as u64, stream);
-        };
-        // Held across the call: the record is in the order the arena handed pointers out.
-        let mut rec = rec.lock();
+        // Before the arena lock: capturing Python frames takes the GIL.
+        let site = self.track.capture_site(size as u64);
+        let reserved = || reserved_bytes(arena);
+        let before = self.track.history_enabled().then(reserved);
+        // The recorder's lock is held across the call, so the record is in the order the arena
+        // handed pointers out.
+        let mut rec = self.recorder.as_ref().map(Recorder::lock);
         let ptr = arena.malloc(size as u64, stream)?;
-        rec.alloc(ptr, size as u64, stream, device);
+        if let Some(rec) = rec.as_mut() {
+            rec.alloc(ptr, size as u64, stream, device);
+        }
+        drop(rec);
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.track
+            .on_alloc(device, ptr, size as u64, stream, site, hist);
         Ok(ptr)
     }
 
@@ -142,18 +166,26 @@ impl TorchArena {
             return Ok(());
         }
         let arena = self.arena(device)?;
-        let Some(rec) = &self.recorder else {
-            return arena.free(ptr, Some(size as u64), stream);
-        };
-        let mut rec = rec.lock();
+        // Out of the live table first: once the arena frees it, another thread may get `ptr`.
+        let taken = self.track.take(device, ptr);
+        let reserved = || reserved_bytes(arena);
+        let before = self.track.history_enabled().then(reserved);
+        let mut rec = self.recorder.as_ref().map(Recorder::lock);
         let r = arena.free(ptr, Some(size as u64), stream);
-        // A size mismatch is reported but the allocation is freed all the same.
-        if matches!(
+        // A size mismatch is reported, but the allocation is freed all the same.
+        let freed = !matches!(
             r,
-            Ok(()) | Err(Error::BadPointer(PointerFault::SizeMismatch, _))
-        ) {
+            Err(Error::BadPointer(
+                PointerFault::Unknown | PointerFault::Freed | PointerFault::Interior,
+                _
+            ))
+        );
+        if let Some(rec) = rec.as_mut().filter(|_| freed) {
             rec.free(ptr, size as u64, stream, device);
         }
+        drop(rec);
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.track.on_free(device, ptr, taken, freed, stream, hist);
         r
     }
 
@@ -172,7 +204,12 @@ impl TorchArena {
 
     /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
     pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
-        self.owner(ptr)?.record_stream(ptr, stream)
+        let arena = self.owner(ptr)?;
+        arena.record_stream(ptr, stream)?;
+        if let Ok((base, _)) = arena.base_alloc(ptr) {
+            self.track.note_record_stream(base);
+        }
+        Ok(())
     }
 
     /// The allocation that contains `ptr`: its base pointer and size.
@@ -234,6 +271,19 @@ impl TorchArena {
         ))
     }
 
+    /// The segments and blocks of `device` (empty when it was never opened).
+    pub fn layout(&self, device: i32) -> Result<crate::arena::Layout> {
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.arenas.get(d))
+            .ok_or_else(|| {
+                Error::BadDevice(format!(
+                    "device {device} is out of range: expected 0..{MAX_DEVICES}"
+                ))
+            })?;
+        Ok(slot.get().map(Arena::layout).unwrap_or_default())
+    }
+
     /// Return empty slabs and cached ranges to the page pool, and say what was recovered.
     pub fn defragment(&self, device: i32) -> Result<ReclaimReport> {
         self.arena(device)?.defragment()
@@ -251,4 +301,9 @@ pub fn expand_trace_path(path: &str) -> String {
         p = p.replace("{rank}", &rank);
     }
     p
+}
+
+/// Physical bytes `arena` holds (read only while history is recorded).
+fn reserved_bytes(arena: &Arena) -> u64 {
+    arena.stats().reserved_bytes.all().current as u64
 }
