@@ -33,7 +33,7 @@ from .leaks import (
 )
 from .leaks import install_exit_report as _install_exit_report
 from .referrers import register_holder_type
-from .snapshot import dump_snapshot, record_memory_history, snapshot
+from .snapshots import dump_snapshot, record_memory_history, snapshot
 from .stats import (
     caching_allocator_alloc,
     caching_allocator_delete,

@@ -189,7 +189,7 @@ def _stats_functions(names: tuple[str, ...]) -> dict[str, Any]:
 
 def _snapshot_functions() -> dict[str, Any]:
     """Replacements for SNAPSHOT_NAMES, with PyTorch's signatures."""
-    from . import snapshot
+    from . import snapshots as snapshot
 
     def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
         return snapshot.snapshot(device)
@@ -208,7 +208,7 @@ def _snapshot_functions() -> dict[str, Any]:
         (memory_snapshot, "memory_snapshot"),
     ):
         fn.__doc__ = (
-            f"torch-arena's replacement for torch.cuda.memory.{name} (torch_arena.snapshot)"
+            f"torch-arena's replacement for torch.cuda.memory.{name} (torch_arena.snapshots)"
         )
     return {
         "_snapshot": _snapshot,
@@ -382,7 +382,7 @@ def enable(conf: str | None = None) -> None:
     ``torch.cuda.memory_stats`` and the other statistics functions (in ``torch.cuda``,
     ``torch.cuda.memory`` and ``torch.accelerator``) are redirected to torch-arena's figures,
     ``torch.cuda.memory._snapshot``, ``_dump_snapshot``, ``_record_memory_history`` and
-    ``memory_snapshot`` to :mod:`torch_arena.snapshot`, and every ``optimizer.step()`` ends a
+    ``memory_snapshot`` to :mod:`torch_arena.snapshots`, and every ``optimizer.step()`` ends a
     torch-arena step (leak hunting); with ``leaks:True`` the leak report prints at exit.
     Settings visible now that will not work (``torch.backends.cudnn.benchmark``) or no longer
     apply (``PYTORCH_CUDA_ALLOC_CONF``) give a :class:`TorchArenaWarning` before the swap.

@@ -125,6 +125,6 @@ def test_history_fills_device_traces_and_memory_viz_reads_it(tmp_path):
 
 
 def test_memory_snapshot_is_the_segments(buffers):
-    from torch_arena.snapshot import memory_snapshot
+    from torch_arena.snapshots import memory_snapshot
 
     assert active_blocks({"segments": memory_snapshot()}) == active_blocks(torch_arena.snapshot())
