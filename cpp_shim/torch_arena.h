@@ -27,7 +27,12 @@
  *
  * - Thread safety: every function may be called from any thread at any time, concurrently, with
  *   or without the Python GIL (PyTorch frees tensors from autograd worker threads). None of them
- *   takes the GIL or calls back into Python or PyTorch.
+ *   calls back into Python or PyTorch. Only two kinds take the GIL, and never while holding a
+ *   lock of torch-arena: torch_arena_malloc when Python allocation sites are captured (sites:python
+ *   or all; a thread Python does not know is skipped, never given a thread state), and the JSON
+ *   reports that name Python frames (torch_arena_live_json, _leaks_json, _history_json: they read
+ *   code objects' file and function names under PyGILState_Ensure; call them through
+ *   ctypes.CDLL, which releases the GIL, or with the GIL held through ctypes.PyDLL).
  * - No unwinding: no function but torch_arena_malloc lets anything unwind out of it. A panic
  *   inside the Rust code is caught at the boundary and reported as TORCH_ARENA_ERR_PANIC (or the
  *   function's documented failure value) with a last-error message. torch_arena_malloc throws
@@ -333,6 +338,114 @@ size_t torch_arena_log_drain(char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
 
 /** Records dropped so far because the queue was full (process-wide, never reset). */
 uint64_t torch_arena_log_dropped(void) TORCH_ARENA_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------
+ * TRACKING: steps, tags, allocation sites, leak reports, snapshots (TRACK-CONTRACT.md has the
+ * JSON schemas; src/track/mod.rs the design).
+ *
+ * Every live allocation is tracked, always: block size, requested size, stream, thread (a small
+ * per-thread number), sequence number, time (microseconds since the allocator started, from a
+ * coarse monotonic clock: a few milliseconds of resolution), step, tag and site. Sites (call
+ * stacks) are captured only as the configuration asks (keys sites, sites_every, sites_min_kb;
+ * torch_arena_set_sites at run time). Site ids are small integers, 0 = not captured. Frames in
+ * the JSON are innermost first: {"filename","line","name","kind":"python"|"native"} and, for
+ * native frames, "ip" (a hex string); the leading frames of torch-arena itself are left out.
+ *
+ * The JSON functions write into buf snprintf style (see CONVENTIONS): they return the full
+ * length; when that is >= cap the text was cut, call again with a bigger buffer. 0 means failure
+ * (device out of range, bad configuration), with the last error set. A device never used has no
+ * allocations and no segments (its JSON is still valid). Integers are JSON numbers; pointers and
+ * streams are unsigned decimal integers.
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * Advance the process-wide step. At the boundary, every site's live bytes and count are recorded
+ * (the last 256 boundaries per device are kept) for the leak judgement. Steps start at 0; returns
+ * the new step (the first call returns 1). 0 on failure.
+ */
+uint64_t torch_arena_step(void) TORCH_ARENA_NOEXCEPT;
+
+/** The current step (0 before the first torch_arena_step, and on failure). */
+uint64_t torch_arena_current_step(void) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Push tag (UTF-8, any text) on the process-wide tag stack: allocations made from now on, on any
+ * thread, carry the innermost tag until it is popped. 0, TORCH_ARENA_ERR_INVALID_ARGUMENT (NULL)
+ * or TORCH_ARENA_ERR_CONFIG (not UTF-8).
+ */
+int torch_arena_tag_push(const char* tag) TORCH_ARENA_NOEXCEPT;
+
+/** Pop the innermost tag. 0, or TORCH_ARENA_ERR_INVALID_ARGUMENT when the stack is empty. */
+int torch_arena_tag_pop(void) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Change site capture at run time: mode "none", "python", "native" or "all" (as the sites key);
+ * capture one allocation in `every` (>= 1) per thread; only requests of at least min_bytes.
+ * 0, TORCH_ARENA_ERR_CONFIG (bad mode or every == 0; nothing changes) or
+ * TORCH_ARENA_ERR_INVALID_ARGUMENT (NULL mode).
+ * Python capture costs about 1-5 microseconds per captured allocation (more while another thread
+ * holds the GIL); native capture about 2-7 microseconds. Sample or threshold accordingly.
+ */
+int torch_arena_set_sites(const char* mode, uint64_t every, uint64_t min_bytes) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Live allocations of `device`, oldest first:
+ * {"device":0,"step":5,"allocations":[{"ptr":N,"size":N,"requested":N,"stream":N,"thread":N,
+ *  "seq":N,"time_us":N,"step":N,"tag":"eval"|null,"site":N}],"sites":{"5":[frame,...]}}
+ * "size" is the block size (the request rounded as the arena rounds it); "sites" has every
+ * nonzero site id referenced. May take the GIL to name Python frames (never under a lock).
+ */
+size_t torch_arena_live_json(int device, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Leak report of `device`:
+ * {"device":0,"step":12,"warmup":2,"steps_observed":10,"growing":[{"site":5,"frames":[...],
+ *  "bytes_per_step":1048576.0,"count_per_step":1.0,"live_bytes":N,"live_count":N,"first_step":3,
+ *  "steps_grown":9,"example_sizes":[N,...],"example_ptrs":[N,...],"tags":["eval",...]}],
+ *  "old":[{"ptr":N,"size":N,"requested":N,"step":N,"age":N,"site":N,"frames":[...]}],
+ *  "old_count":N}
+ * A site is growing when, over the step boundaries at or after `warmup`, its live bytes rose
+ * overall, never fell (from any earlier boundary to any later one) by as much as they rose, and
+ * rose in at least two intervals; the rate is measured from the last boundary at which the site
+ * stood at its lowest. Only sites that were captured (site != 0) are judged. "old" (empty when
+ * age_steps is 0) lists live allocations at least age_steps steps old, oldest first, at most
+ * 1000 ("old_count" counts them all). May take the GIL to name Python frames.
+ */
+size_t torch_arena_leaks_json(int device, uint64_t warmup, uint64_t age_steps, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * Segments and blocks of `device`, for PyTorch-schema snapshots:
+ * {"device":0,"reserved":N,"allocated":N,"pooled":N,"segments":[{"address":N,"total_size":N,
+ *  "stream":N,"segment_type":"large"|"small","blocks":[{"address":N,"size":N,
+ *  "requested_size":N,"state":"active_allocated"|"active_pending_free"|"inactive"}]}]}
+ * A segment is a run of mapped pages of one stream (or a whole cuMemAlloc segment without VMM);
+ * "small" segments hold slabs. Segments are sorted by address; blocks tile each segment
+ * contiguously. "pooled" = bytes of created pages mapped nowhere, so
+ * sum(total_size) + pooled == reserved. "active_pending_free": freed, waiting for the events of
+ * streams named by record_stream. Never takes the GIL.
+ */
+size_t torch_arena_layout_json(int device, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * enabled != 0: clear and start the history ring (at most max_entries entries per device, oldest
+ * dropped first; 0 = 100000), like torch.cuda.memory._record_memory_history. enabled == 0: stop
+ * recording (the entries stay readable). 0 or an error code. While recording, each malloc and
+ * free also reads the device's reserved bytes (one more arena lock per call).
+ */
+int torch_arena_history_enable(int enabled, uint64_t max_entries) TORCH_ARENA_NOEXCEPT;
+
+/**
+ * The history ring of `device`, oldest first:
+ * {"device":0,"entries":[{"action":"alloc"|"free_requested"|"free_completed"|"segment_map"|
+ *  "segment_unmap","addr":N,"size":N,"stream":N,"time_us":N,"site":N}],"sites":{...}}
+ * "size" is the block size. free_completed is emitted together with free_requested; when the
+ * allocation was used on other streams (record_stream) it carries "pending":true: its memory is
+ * reusable only after those streams' events complete. segment_map / segment_unmap record a change
+ * of the device's reserved bytes across one malloc (addr = the allocation's address) or one free
+ * (addr = 0), size = the change; changes made by empty_cache or idle-page release are not
+ * recorded. May take the GIL to name Python frames.
+ */
+size_t torch_arena_history_json(int device, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -14,6 +14,7 @@ use crate::device::{
 };
 use crate::error::{Error, PointerFault, Result};
 use crate::stats::DeviceStats;
+use crate::track::Tracker;
 
 /// Most devices one process may address (CUDA's own limit is far below this).
 pub const MAX_DEVICES: usize = 64;
@@ -22,13 +23,29 @@ pub const MAX_DEVICES: usize = 64;
 pub struct TorchArena {
     conf: Config,
     arenas: Vec<OnceCell<Arena>>,
+    track: Tracker,
 }
 
 impl TorchArena {
     /// An allocator with these settings. Devices are opened on first use.
     pub fn new(conf: Config) -> Self {
+        let track = Tracker::new(&conf);
+        Self::with_tracker(conf, track)
+    }
+
+    /// An allocator with this tracker ([`Tracker::disabled`] measures what tracking costs).
+    pub fn with_tracker(conf: Config, track: Tracker) -> Self {
         let arenas = (0..MAX_DEVICES).map(|_| OnceCell::new()).collect();
-        TorchArena { conf, arenas }
+        TorchArena {
+            conf,
+            arenas,
+            track,
+        }
+    }
+
+    /// Who holds what: live allocations, steps, tags, sites, history.
+    pub fn tracker(&self) -> &Tracker {
+        &self.track
     }
 
     /// An allocator configured from `TORCH_ARENA_CONF` (empty or unset: defaults).
@@ -89,7 +106,16 @@ impl TorchArena {
         if size == 0 {
             return Ok(0);
         }
-        self.arena(device)?.malloc(size as u64, stream)
+        let arena = self.arena(device)?;
+        // Before the arena lock: capturing Python frames takes the GIL.
+        let site = self.track.capture_site(size as u64);
+        let reserved = || reserved_bytes(arena);
+        let before = self.track.history_enabled().then(reserved);
+        let ptr = arena.malloc(size as u64, stream)?;
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.track
+            .on_alloc(device, ptr, size as u64, stream, site, hist);
+        Ok(ptr)
     }
 
     /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned or a double
@@ -100,7 +126,22 @@ impl TorchArena {
         if ptr == 0 {
             return Ok(());
         }
-        self.arena(device)?.free(ptr, Some(size as u64), stream)
+        let arena = self.arena(device)?;
+        // Out of the live table first: once the arena frees it, another thread may get `ptr`.
+        let taken = self.track.take(device, ptr);
+        let reserved = || reserved_bytes(arena);
+        let before = self.track.history_enabled().then(reserved);
+        let r = arena.free(ptr, Some(size as u64), stream);
+        let freed = !matches!(
+            r,
+            Err(Error::BadPointer(
+                PointerFault::Unknown | PointerFault::Freed | PointerFault::Interior,
+                _
+            ))
+        );
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.track.on_free(device, ptr, taken, freed, stream, hist);
+        r
     }
 
     /// The arena that owns `ptr`, among the devices opened so far.
@@ -118,7 +159,12 @@ impl TorchArena {
 
     /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
     pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
-        self.owner(ptr)?.record_stream(ptr, stream)
+        let arena = self.owner(ptr)?;
+        arena.record_stream(ptr, stream)?;
+        if let Ok((base, _)) = arena.base_alloc(ptr) {
+            self.track.note_record_stream(base);
+        }
+        Ok(())
     }
 
     /// The allocation that contains `ptr`: its base pointer and size.
@@ -180,8 +226,26 @@ impl TorchArena {
         ))
     }
 
+    /// The segments and blocks of `device` (empty when it was never opened).
+    pub fn layout(&self, device: i32) -> Result<crate::arena::Layout> {
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.arenas.get(d))
+            .ok_or_else(|| {
+                Error::BadDevice(format!(
+                    "device {device} is out of range: expected 0..{MAX_DEVICES}"
+                ))
+            })?;
+        Ok(slot.get().map(Arena::layout).unwrap_or_default())
+    }
+
     /// Return empty slabs and cached ranges to the page pool, and say what was recovered.
     pub fn defragment(&self, device: i32) -> Result<ReclaimReport> {
         self.arena(device)?.defragment()
     }
+}
+
+/// Physical bytes `arena` holds (read only while history is recorded).
+fn reserved_bytes(arena: &Arena) -> u64 {
+    arena.stats().reserved_bytes.all().current as u64
 }

@@ -47,6 +47,38 @@ impl DeviceKind {
     }
 }
 
+/// Which allocation sites are captured (`sites:none|python|native|all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SitesMode {
+    None,
+    Python,
+    Native,
+    All,
+}
+
+impl SitesMode {
+    /// The spelling in `TORCH_ARENA_CONF` and `torch_arena_set_sites`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SitesMode::None => "none",
+            SitesMode::Python => "python",
+            SitesMode::Native => "native",
+            SitesMode::All => "all",
+        }
+    }
+
+    /// `none`, `python`, `native` or `all`.
+    pub fn parse(v: &str) -> Option<SitesMode> {
+        Some(match v {
+            "none" => SitesMode::None,
+            "python" => SitesMode::Python,
+            "native" => SitesMode::Native,
+            "all" => SitesMode::All,
+            _ => return None,
+        })
+    }
+}
+
 /// Every setting, with its default.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -74,6 +106,30 @@ pub struct Config {
     /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
     /// Python package); `None` = no recording.
     pub trace: Option<String>,
+    /// `sites:none|python|native|all|auto`: which allocation sites are captured; `None` = `auto`
+    /// (not given: see [`Config::effective_sites`]).
+    pub sites: Option<SitesMode>,
+    /// `sites_every:N`: capture the site of one allocation in N (default 1).
+    pub sites_every: u64,
+    /// `sites_min_kb:N`: capture sites only for requests of at least N KiB (default 0).
+    pub sites_min_kb: u64,
+    /// `leaks:True|False`: the Python layer prints a leak report at exit (default False).
+    pub leaks: bool,
+    /// `leak_warmup:N`: steps ignored before growth counts (default 2).
+    pub leak_warmup: u64,
+    /// `leak_age:N`: also report live allocations older than N steps; 0 = off (default 0).
+    pub leak_age: u64,
+}
+
+impl Config {
+    /// The site mode in effect: `sites` when given, else `python` with `leaks:True`, else `none`.
+    pub fn effective_sites(&self) -> SitesMode {
+        match self.sites {
+            Some(m) => m,
+            None if self.leaks => SitesMode::Python,
+            None => SitesMode::None,
+        }
+    }
 }
 
 impl Default for Config {
@@ -90,6 +146,12 @@ impl Default for Config {
             release_idle_ms: 0,
             memory_fraction: 1.0,
             trace: None,
+            sites: None,
+            sites_every: 1,
+            sites_min_kb: 0,
+            leaks: false,
+            leak_warmup: 2,
+            leak_age: 0,
         }
     }
 }
@@ -131,7 +193,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 11] = [
+const KEY_DEFS: [KeyDef; 17] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -258,6 +320,74 @@ const KEY_DEFS: [KeyDef; 11] = [
             c.trace.as_ref().map(|_| ())
         },
         show: |c| c.trace.clone().unwrap_or_default(),
+    },
+    KeyDef {
+        name: "sites",
+        help: "allocation sites to capture: none, python (Python file, line and function), \
+               native (instruction pointers, symbolised in reports), all, or auto (python with \
+               leaks:True, else none) (default auto)",
+        forms: "none, python, native, all or auto",
+        set: |c, v| {
+            c.sites = match v {
+                "auto" => None,
+                v => Some(SitesMode::parse(v)?),
+            };
+            Some(())
+        },
+        show: |c| c.sites.map_or("auto", SitesMode::as_str).to_string(),
+    },
+    KeyDef {
+        name: "sites_every",
+        help: "capture the site of one allocation in N, an integer >= 1 (default 1)",
+        forms: "an integer >= 1",
+        set: |c, v| {
+            c.sites_every = parse_uint(v).filter(|&n| n >= 1)?;
+            Some(())
+        },
+        show: |c| c.sites_every.to_string(),
+    },
+    KeyDef {
+        name: "sites_min_kb",
+        help: "capture sites only for requests of at least this many KiB, an integer >= 0 \
+               (default 0)",
+        forms: "an integer >= 0 (KiB)",
+        set: |c, v| {
+            c.sites_min_kb = parse_uint(v)?;
+            Some(())
+        },
+        show: |c| c.sites_min_kb.to_string(),
+    },
+    KeyDef {
+        name: "leaks",
+        help: "print a leak report (sites that grow from step to step) at exit, True or False \
+               (default False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.leaks = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.leaks),
+    },
+    KeyDef {
+        name: "leak_warmup",
+        help: "steps ignored before growth counts as a leak, an integer >= 0 (default 2)",
+        forms: "an integer >= 0 (steps)",
+        set: |c, v| {
+            c.leak_warmup = parse_uint(v)?;
+            Some(())
+        },
+        show: |c| c.leak_warmup.to_string(),
+    },
+    KeyDef {
+        name: "leak_age",
+        help: "also report live allocations older than this many steps, an integer >= 0; 0 = off \
+               (default 0)",
+        forms: "an integer >= 0 (steps; 0 = off)",
+        set: |c, v| {
+            c.leak_age = parse_uint(v)?;
+            Some(())
+        },
+        show: |c| c.leak_age.to_string(),
     },
 ];
 

@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 17] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -42,6 +42,12 @@ const KEYS: [&str; 11] = [
     "release_idle_ms",
     "memory_fraction",
     "trace",
+    "sites",
+    "sites_every",
+    "sites_min_kb",
+    "leaks",
+    "leak_warmup",
+    "leak_age",
 ];
 
 // ---- defaults and every key ----------------------------------------------------------------
@@ -85,6 +91,7 @@ fn every_key_parses() {
             release_idle_ms: 1500,
             memory_fraction: 0.25,
             trace: Some("/tmp/run-{rank}.trace".into()),
+            ..Config::default()
         }
     );
 }
@@ -350,7 +357,8 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, stitch, release_idle_ms, memory_fraction, trace"
+         page_size_mb, stitch, release_idle_ms, memory_fraction, trace, sites, sites_every, \
+         sites_min_kb, leaks, leak_warmup, leak_age"
     );
     fails_with(
         "Stitch:True",
@@ -497,7 +505,8 @@ fn display_prints_the_grammar() {
     assert_eq!(
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
-         sim_devices:1,page_size_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1"
+         sim_devices:1,page_size_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,leak_age:0"
     );
 }
 

@@ -23,10 +23,12 @@
 //! 4. Nothing here scans all allocations: every operation is O(log n) in live allocations.
 
 mod heap;
+mod layout;
 mod report;
 mod size_class;
 mod slab;
 
+pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment};
 pub use report::*;
 pub use size_class::{MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
