@@ -553,7 +553,10 @@ def _require_track(call: str) -> None:
 def step() -> int:
     """Advance the process-wide step; the new step number (steps start at 0)."""
     _require_track("step")
-    return int(_lib.torch_arena_step())
+    n = int(_lib.torch_arena_step())
+    if n == 0:  # steps start at 0, so a new step is >= 1: 0 is the failure value
+        raise _error(ERR_OTHER, "torch_arena_step")
+    return n
 
 
 def current_step() -> int:

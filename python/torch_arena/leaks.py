@@ -153,7 +153,9 @@ def configured_sites() -> tuple[str, int, int]:
     """(mode, every, min_bytes) of site capture as configured: the ``sites`` key, else
     ``python`` when ``leaks:True``, else ``none``."""
     items = _conf()
-    mode = items.get("sites") or ("python" if items.get("leaks") == "True" else "none")
+    mode = items.get("sites", "auto")
+    if mode == "auto":  # the default: python with leaks:True, else none
+        mode = "python" if items.get("leaks") == "True" else "none"
     return (
         mode,
         max(1, _conf_int(items, "sites_every", 1)),
@@ -289,11 +291,49 @@ def _site_lines(frames: list[dict[str, Any]], indent: str) -> list[str]:
     i = user_frame_index(frames)
     lines = [f"{indent}at {_frame_text(frames[i])}"]
     callers = [f for f in frames[i + 1 :] if f.get("kind", "python") == "python"] or frames[i + 1 :]
-    for f in callers[:MAX_CALLERS_SHOWN]:
+    shown = 0
+    run: list[str] = []  # packages of a run of library frames, collapsed into one line
+
+    def flush() -> None:
+        if run:
+            names = ", ".join(dict.fromkeys(run))
+            lines.append(f"{indent}    ... {len(run)} frame(s) in {names}")
+            run.clear()
+
+    for n, f in enumerate(callers):
+        package = _library_package(str(f.get("filename", "")))
+        if package is not None:
+            run.append(package)
+            continue
+        flush()
+        if shown == MAX_CALLERS_SHOWN:
+            lines.append(f"{indent}    ... {len(callers) - n} more frame(s)")
+            return lines
         lines.append(f"{indent}    called from {_frame_text(f)}")
-    if len(callers) > MAX_CALLERS_SHOWN:
-        lines.append(f"{indent}    ... {len(callers) - MAX_CALLERS_SHOWN} more frames")
+        shown += 1
+    flush()
     return lines
+
+
+_LIBRARY_DIRS = tuple(
+    {os.path.dirname(os.__file__) + os.sep}
+    | {p + os.sep for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+)
+
+
+def _library_package(filename: str) -> str | None:
+    """The top-level package of a frame in the standard library or site-packages (callers
+    there are collapsed in the report), None for the user's code."""
+    if filename.startswith("<"):
+        return filename.strip("<>").split(" ")[-1] or "?"
+    for prefix in _LIBRARY_DIRS:
+        if filename.startswith(prefix):
+            rest = filename[len(prefix) :]
+            if rest.startswith(("site-packages" + os.sep, "dist-packages" + os.sep)):
+                rest = rest.split(os.sep, 1)[1]
+            top = rest.split(os.sep, 1)[0]
+            return top[:-3] if top.endswith(".py") else top
+    return None
 
 
 def site_location(frames: list[dict[str, Any]]) -> tuple[str, int] | None:
@@ -497,9 +537,10 @@ class no_leaks:  # noqa: N801 - a context manager used like a function
 
     With steps inside the block (``optimizer.step()`` once torch-arena is enabled, or
     :func:`step`), the first ``warmup`` are ignored and a site fails when its live memory grew
-    by more than ``limit`` over the remaining steps (steady memory, however large, passes). It
-    needs at least ``warmup + 1`` steps. With no step inside the block, a site fails when the
-    allocations the block made and left live exceed ``limit``.
+    by more than ``limit`` over the remaining steps (``bytes_per_step`` times the steps
+    measured; steady memory, however large, passes). It needs at least ``warmup + 2`` steps: a
+    site counts as growing only when it rose in at least two steps. With no step inside the
+    block, a site fails when the allocations the block made and left live exceed ``limit``.
 
     On failure raises :class:`LeakError` (an AssertionError) carrying the report. The block turns
     on Python site capture for its duration if it is off. ``limit``: bytes, or a string such as
@@ -548,11 +589,11 @@ class no_leaks:  # noqa: N801 - a context manager used like a function
                 report["growing"] = [g for g in report["growing"] if g["site"] in over]
                 raise LeakError(render(report), report)
             return
-        if steps <= self.warmup:
+        if steps < self.warmup + 2:
             raise ValueError(
                 f"no_leaks(warmup={self.warmup}) saw {steps} step(s) in its block: it needs at "
-                f"least {self.warmup + 1} (the warmup steps, then one to measure), or none at "
-                "all to check what the block leaves live. Lower warmup or run more steps."
+                f"least {self.warmup + 2} (the warmup steps, then two to see growth), or none "
+                "at all to check what the block leaves live. Lower warmup or run more steps."
             )
         report = _leaks(self._index, self._step0 + self.warmup, 0)
         self.report = report

@@ -98,6 +98,7 @@ def _measured(fn: Any, limit: int, warmups: int, device: int) -> Any:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # the failure is the report, not this wrapper
         for _ in range(warmups):
             fn(*args, **kwargs)
         with _sites_on():

@@ -236,81 +236,54 @@ class _Walk:
 
     def chains(self, owners: list[Any]) -> dict[int, dict[str, Any]]:
         """id(owner) -> {"expr", "root", "chain"} for the owners a root was found for."""
-        # parent[id(obj)] = (parent object, accessor); a root: parent is None.
-        seen: dict[int, Any] = {id(o): o for o in owners}
-        parent: dict[int, tuple[Any, str]] = {}
-        roots: dict[int, str] = {}  # id(obj) -> root description
+        seen: dict[int, Any] = {id(o): o for o in owners}  # keeps every object visited alive
+        up: dict[int, list[Any]] = {}  # id(obj) -> the objects found referring to it
+        roots: dict[int, str] = {}  # id(obj) -> where its name lives
         frontier = list(owners)
-        self.ignore.update({id(seen), id(parent), id(roots), id(owners)})
+        self.ignore.update({id(seen), id(up), id(roots), id(owners)})
         for _ in range(MAX_DEPTH):
             if not frontier:
                 break
-            self.ignore.add(id(frontier))
             ids = {id(o) for o in frontier}
-            self.ignore.add(id(ids))
-            next_frontier: list[Any] = []
-            self.ignore.add(id(next_frontier))
-            # Locals of running frames (not visible to gc.get_referrers since Python 3.11).
-            for frame in self.frames:
-                try:
-                    local_items = list(frame.f_locals.items())
-                except Exception:
-                    continue
-                for name, value in local_items:
-                    if id(value) in ids and id(value) not in roots:
-                        roots[id(value)] = f"local variable {name!r} of {_frame_where(frame)}"
+            self.ignore.update({id(frontier), id(ids)})
+            self._frame_roots(ids, roots)
+            pending = {i for i in ids if i not in roots}
+            if not pending:
+                break
             try:
-                referrers = gc.get_referrers(*frontier)
+                referrers = gc.get_referrers(*[o for o in frontier if id(o) in pending])
             except Exception:
                 referrers = []
+            next_frontier: list[Any] = []
+            self.ignore.add(id(next_frontier))
             for ref in referrers:
                 rid = id(ref)
-                if rid in self.ignore or isinstance(ref, types.FrameType) and _is_ours(ref):
+                if rid in self.ignore or (isinstance(ref, types.FrameType) and _is_ours(ref)):
                     continue
-                if type(ref) is tuple and len(ref) == len(frontier):
-                    if all(id(x) in ids for x in ref):  # get_referrers' own argument tuple
+                if type(ref) is tuple and len(ref) == len(pending):
+                    if all(id(x) in pending for x in ref):  # get_referrers' argument tuple
                         continue
                 if rid in self.modules:
-                    for child in frontier:
-                        if id(child) in roots:
-                            continue
-                        for key, value in list(ref.items()):
-                            if value is child:
-                                roots[id(child)] = f"global {key!r} of module {self.modules[rid]}"
-                                break
+                    self._module_roots(ref, self.modules[rid], pending, roots)
                     continue
                 if isinstance(ref, types.FrameType):
-                    for name, value in list(ref.f_locals.items()):
-                        if id(value) in ids and id(value) not in roots:
-                            roots[id(value)] = f"local variable {name!r} of {_frame_where(ref)}"
+                    self._frame_locals_roots(ref, pending, roots)
                     continue
-                if rid in seen:
-                    continue
-                for child in frontier:
-                    if id(child) in roots:
-                        continue
-                    accessor = _edge(ref, child)
-                    if accessor is None:
-                        continue
-                    parent[rid] = (child, accessor)
+                linked = False
+                for cid in _children(ref, pending, seen):
+                    up.setdefault(cid, []).append(ref)
+                    linked = True
+                if linked and rid not in seen:
                     seen[rid] = ref
                     if len(next_frontier) < MAX_FRONTIER:
                         next_frontier.append(ref)
-                    break
-            # Climb only from objects that have no root yet.
-            frontier = [o for o in next_frontier if id(o) not in roots]
+            frontier = next_frontier
         result: dict[int, dict[str, Any]] = {}
-        # For each owner, find the shortest path up: invert parent links.
-        children_of: dict[int, list[int]] = {}
-        for pid, (child, _) in parent.items():
-            children_of.setdefault(id(child), []).append(pid)
         for owner in owners:
-            path = self._path_to_root(id(owner), children_of, roots, seen)
-            if path is None:
+            nodes = _path_to_root(owner, up, roots)
+            if nodes is None:
                 continue
-            root_id, ids_up = path
-            nodes = [seen[i] for i in ids_up]  # owner first, the rooted object last
-            root_name = roots[root_id]
+            root_name = roots[id(nodes[-1])]
             name = root_name.split("'")[1] if "'" in root_name else "?"
             result[id(owner)] = {
                 "expr": name + _accessors(list(reversed(nodes))),
@@ -319,25 +292,57 @@ class _Walk:
             }
         return result
 
+    def _frame_roots(self, ids: set[int], roots: dict[int, str]) -> None:
+        """Locals of running frames (not visible to gc.get_referrers since Python 3.11)."""
+        for frame in self.frames:
+            self._frame_locals_roots(frame, ids, roots)
+
     @staticmethod
-    def _path_to_root(
-        start: int,
-        children_of: dict[int, list[int]],
-        roots: dict[int, str],
-        seen: dict[int, Any],
-    ) -> tuple[int, list[int]] | None:
-        """Breadth-first from ``start`` upwards to the nearest object with a root."""
-        queue = [(start, [start])]
-        visited = {start}
-        while queue:
-            node, path = queue.pop(0)
-            if node in roots:
-                return node, path
-            for up in children_of.get(node, ()):
-                if up not in visited:
-                    visited.add(up)
-                    queue.append((up, path + [up]))
-        return None
+    def _frame_locals_roots(frame: types.FrameType, ids: set[int], roots: dict[int, str]) -> None:
+        try:
+            local_items = list(frame.f_locals.items())
+        except Exception:
+            return
+        for name, value in local_items:
+            if id(value) in ids and id(value) not in roots:
+                roots[id(value)] = f"local variable {name!r} of {_frame_where(frame)}"
+
+    @staticmethod
+    def _module_roots(d: dict, module: str, ids: set[int], roots: dict[int, str]) -> None:
+        try:
+            items = list(d.items())
+        except Exception:
+            return
+        for key, value in items:
+            if id(value) in ids and id(value) not in roots:
+                roots[id(value)] = f"global {key!r} of module {module}"
+
+
+def _path_to_root(owner: Any, up: dict[int, list[Any]], roots: dict[int, str]) -> list | None:
+    """The shortest chain [owner, ..., rooted object] along the referrer links, or None."""
+    queue = [[owner]]
+    visited = {id(owner)}
+    while queue:
+        path = queue.pop(0)
+        if id(path[-1]) in roots:
+            return path
+        for parent in up.get(id(path[-1]), ()):
+            if id(parent) not in visited:
+                visited.add(id(parent))
+                queue.append(path + [parent])
+    return None
+
+
+def _children(parent: Any, ids: set[int], seen: dict[int, Any]) -> list[int]:
+    """The ids of ``ids`` (objects in ``seen``) that ``parent`` refers to by a nameable edge."""
+    try:
+        if isinstance(parent, (list, tuple)):
+            return [id(x) for x in parent if id(x) in ids]
+        if isinstance(parent, dict):
+            return [id(v) for v in parent.values() if id(v) in ids]
+    except Exception:
+        return []
+    return [i for i in ids if _edge(parent, seen[i]) is not None]
 
 
 def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int, list[dict]]:
@@ -355,6 +360,9 @@ def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int,
         owners = _owners(wanted, max_owners)
         flat = [obj for objs in owners.values() for obj in objs]
         walk = _Walk()
+        # This function's own containers refer to the owners too: never holders.
+        walk.ignore.update(id(objs) for objs in owners.values())
+        walk.ignore.update({id(owners), id(flat)})
         chains = walk.chains(flat) if flat else {}
         result: dict[int, list[dict]] = {}
         for ptr, objs in owners.items():

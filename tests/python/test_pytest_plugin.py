@@ -54,10 +54,14 @@ def test_cache_filled_during_warmup_is_not_a_leak(tmp_path):
 """
 
 
-def run(pytester, *args, conf=SIM):
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch):
+    monkeypatch.setenv("TORCH_ARENA_CONF", SIM)
+    monkeypatch.delenv("TORCH_ARENA", raising=False)
+
+
+def run(pytester, *args):
     pytester.makepyfile(test_marked=TESTS)
-    pytester.monkeypatch.setenv("TORCH_ARENA_CONF", conf)
-    pytester.monkeypatch.delenv("TORCH_ARENA", raising=False)
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
 
 
@@ -69,8 +73,9 @@ def test_the_marker_is_registered(pytester):
 
 
 def test_a_leaking_test_fails_with_the_report_and_clean_ones_pass(pytester):
-    line = next(i for i, t in enumerate(TESTS.split("\n"), 1) if t.endswith("# LEAK"))
     result = run(pytester, "-v")
+    source = (pytester.path / "test_marked.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(source, 1) if t.endswith("# LEAK"))
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -83,7 +88,7 @@ def test_a_leaking_test_fails_with_the_report_and_clean_ones_pass(pytester):
     )
 
 
-def test_without_torch_arena_the_check_is_skipped_with_a_warning(pytester):
+def test_without_torch_arena_the_check_is_skipped_with_a_warning(pytester, monkeypatch):
     pytester.makepyfile(
         test_plain="""
         import pytest
@@ -99,7 +104,7 @@ def test_without_torch_arena_the_check_is_skipped_with_a_warning(pytester):
         """
     )
     # The allocator's own defaults (a CUDA device), torch-arena not enabled: nothing to see.
-    pytester.monkeypatch.setenv("TORCH_ARENA_CONF", "")
+    monkeypatch.setenv("TORCH_ARENA_CONF", "")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["*gpu_leaks: not checked for leaks*TORCH_ARENA=1*"])
@@ -117,7 +122,6 @@ def test_bad_marker_arguments_are_usage_errors(pytester):
             pass
         """
     )
-    pytester.monkeypatch.setenv("TORCH_ARENA_CONF", SIM)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*gpu_leaks*'1 MX'*KiB*"])

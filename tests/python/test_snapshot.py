@@ -1,6 +1,7 @@
 """Snapshots in PyTorch's _snapshot() schema, on the simulated device: they load in
 torch.cuda._memory_viz and match the live set (same addresses and sizes)."""
 
+import gc
 import pickle
 import subprocess
 import sys
@@ -20,6 +21,7 @@ SIZES = [512, 4096, 100_000, MiB, 3 * MiB, 24 * MiB]
 
 @pytest.fixture
 def buffers():
+    gc.collect()  # earlier tests' garbage must not be freed while the live set is compared
     _native.set_sites("python", 1, 0)
     bufs = [DeviceBuffer(n) for n in SIZES]  # the allocating line
     try:
@@ -80,8 +82,13 @@ def test_a_dumped_snapshot_loads_in_memory_viz(buffers, tmp_path):
     assert active_blocks(data).keys() == active_blocks(torch_arena.snapshot()).keys()
     summary = _memory_viz.segsum(data)  # checks blocks add up to each segment
     assert f"segments: {len(data['segments'])}" in summary
-    assert "test_snapshot.py" in _memory_viz.memory(data)
-    assert _memory_viz.segments(data)
+
+    # The flame-graph input (format_flamegraph would download flamegraph.pl to render it).
+    def raw(lines):
+        return lines
+
+    assert "test_snapshot.py" in _memory_viz.memory(data, format_flamegraph=raw)
+    assert "test_snapshot.py" in _memory_viz.segments(data, format_flamegraph=raw)
     proc = subprocess.run(
         [sys.executable, "-m", "torch.cuda._memory_viz", "stats", path],
         capture_output=True,
@@ -105,6 +112,11 @@ def test_history_fills_device_traces_and_memory_viz_reads_it(tmp_path):
         snap = torch_arena.snapshot()
     finally:
         torch_arena.record_memory_history(enabled=None)
+    # Off again: nothing more is recorded.
+    stopped = torch_arena.snapshot()["device_traces"][0]
+    c = DeviceBuffer(MiB)
+    assert torch_arena.snapshot()["device_traces"][0] == stopped
+    c.free()
     trace = snap["device_traces"][0]
     actions = [(e["action"], e["addr"]) for e in trace]
     assert ("alloc", ptr_a) in actions and ("alloc", b.ptr) in actions
@@ -117,11 +129,6 @@ def test_history_fills_device_traces_and_memory_viz_reads_it(tmp_path):
     text = _memory_viz.trace(snap)
     assert isinstance(text, str) and text.strip()
     b.free()
-    # Off again: nothing more is recorded.
-    c = DeviceBuffer(MiB)
-    later = torch_arena.snapshot()["device_traces"][0]
-    assert not any(e["addr"] == c.ptr and e["action"] == "alloc" for e in later)
-    c.free()
 
 
 def test_memory_snapshot_is_the_segments(buffers):

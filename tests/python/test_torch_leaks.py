@@ -104,5 +104,6 @@ def test_torch_cuda_snapshot_functions_answer_from_torch_arena(tmp_path):
         TORCH_ARENA_CONF=SIM,
     )
     assert r["ours"] and r["ptr_in_snapshot"] and r["dumped_same"] and r["memory_snapshot_same"]
-    assert r["traced"] == ["alloc"]
+    assert r["traced"][-1] == "alloc"  # after the segment_map that made room, if any
+    assert set(r["traced"]) <= {"segment_map", "alloc"}
     assert "<string>" in r["frames"]  # context="all": the site was captured

@@ -34,3 +34,8 @@ def sawtooth(steps, step, at_end):
             buffer.clear()
         step()
     return at_end()
+
+
+def reset():
+    """Free what the module keeps between runs."""
+    WEIGHTS.clear()

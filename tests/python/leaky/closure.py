@@ -26,3 +26,9 @@ def train(steps, step, at_end):
         del grads
         step()
     return at_end()
+
+
+def reset():
+    """Free what the module keeps between runs."""
+    global HOOK
+    HOOK = make_hook()
