@@ -366,6 +366,12 @@ def _leaks(device: int, warmup: int, age: int) -> dict[str, Any]:
     gc.collect()  # cycles that only the collector frees are not leaks
     report = _native.leaks_json(device, warmup, age)
     report["kind"] = "growth"
+    # Growth is judged at step boundaries; a site whose memory was all freed since the last
+    # boundary (the loop returned, the list was dropped) no longer leaks anything.
+    growing = report.get("growing", [])
+    report["growing"] = [s for s in growing if s.get("live_count", 1) > 0]
+    report["freed_since_last_step"] = [s["site"] for s in growing if s.get("live_count", 1) == 0]
+    report["sites_mode"] = _sites()[0]
     _attach_holders(report, report.get("growing", []))
     return report
 
@@ -399,6 +405,9 @@ def _holder_lines(entry: dict[str, Any], indent: str) -> list[str]:
     if not holders:
         return [f"{indent}held by: no Python object found (not a tensor, or not reachable)"]
     lines = [f"{indent}held by:"]
+    # Named holders first, those reached through a container (the likely culprit) before a
+    # plain variable that happens to hold the newest one.
+    holders = sorted(holders, key=lambda h: (h.get("expr") is None, -len(h.get("chain") or ())))
     for h in holders[:MAX_HOLDERS_SHOWN]:
         kind = h.get("type", "?").rsplit(".", 1)[-1]
         if h.get("expr"):
@@ -430,6 +439,17 @@ def render(report: dict[str, Any]) -> str:
             f"{report.get('warmup', 0)} warmup step(s)"
         )
     lines.append(head)
+    if report.get("sites_mode") == "none":
+        lines.append(
+            "site capture is off, so no site can be judged: set TORCH_ARENA_CONF=leaks:True "
+            "(or sites:python) before the run, or check a block with no_leaks()"
+        )
+    freed = report.get("freed_since_last_step") or []
+    if freed:
+        lines.append(
+            f"({len(freed)} site(s) grew until the last step, but their memory has been freed "
+            "since: not reported)"
+        )
     if not sites:
         lines.append(
             "no growing allocation site."

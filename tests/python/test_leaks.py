@@ -121,6 +121,17 @@ def test_the_holder_of_a_planted_leak_is_named(name, sites):
     assert module.HOLDER in text
 
 
+def test_a_leak_freed_after_the_last_step_is_not_reported(sites):
+    from leaky import list_append
+
+    start = torch_arena.current_step()
+    list_append.train(STEPS, torch_arena.step, lambda: None)  # the list dies on return
+    report = torch_arena.leak_report(format="json", warmup=start + WARMUP)
+    assert report["growing"] == []
+    assert len(report["freed_since_last_step"]) == 1
+    assert "freed since" in torch_arena.leak_report(warmup=start + WARMUP)
+
+
 def test_list_append_holder_reads_like_code_and_says_where_the_list_lives(sites):
     from leaky import list_append
 
@@ -160,16 +171,30 @@ def test_clean_loops_with_large_steady_memory_report_nothing(loop, sites):
     assert "no growing allocation site" in text
 
 
+def leaky_steps(losses: list, steps: int) -> None:
+    """The list_append leak, with the list owned by the caller (it outlives the block)."""
+    from leaky import list_append
+
+    for batch in range(steps):
+        activations, loss = list_append.forward(batch)
+        losses.append(loss)
+        del activations
+        torch_arena.step()
+
+
 def test_no_leaks_raises_on_a_leak_with_the_report_and_passes_clean_code(sites):
     from leaky import clean, list_append
 
+    losses: list = []
     with pytest.raises(torch_arena.LeakError) as info:
         with torch_arena.no_leaks(warmup=2, limit="1 MB"):
-            list_append.train(STEPS, torch_arena.step, lambda: None)
+            leaky_steps(losses, STEPS)
     assert isinstance(info.value, AssertionError)
     path, line = leak_line(list_append)
-    assert f":{line} in forward" in str(info.value)
+    assert f"list_append.py:{line} in forward" in str(info.value)
+    assert "losses[" in str(info.value)
     assert info.value.report["growing"]
+    losses.clear()
 
     with torch_arena.no_leaks(warmup=2, limit="1 MB") as check:
         clean.train(STEPS, torch_arena.step, lambda: None)
@@ -177,14 +202,23 @@ def test_no_leaks_raises_on_a_leak_with_the_report_and_passes_clean_code(sites):
 
 
 def test_no_leaks_limit_is_growth_over_the_block(sites):
-    from leaky import list_append
-
     # 1 MiB per step over STEPS - 2 measured steps: 6 MiB of growth.
+    losses: list = []
     with torch_arena.no_leaks(warmup=2, limit="7 MiB"):
-        list_append.train(STEPS, torch_arena.step, lambda: None)
+        leaky_steps(losses, STEPS)
+    losses.clear()
     with pytest.raises(torch_arena.LeakError):
         with torch_arena.no_leaks(warmup=2, limit="5 MiB"):
-            list_append.train(STEPS, torch_arena.step, lambda: None)
+            leaky_steps(losses, STEPS)
+    losses.clear()
+
+
+def test_no_leaks_ignores_growth_freed_before_the_block_ends(sites):
+    from leaky import list_append
+
+    with torch_arena.no_leaks(warmup=2, limit=0) as check:
+        list_append.train(STEPS, torch_arena.step, lambda: None)  # the list dies on return
+    assert check.report["growing"] == [] and check.report["freed_since_last_step"]
 
 
 def test_no_leaks_without_steps_judges_what_the_block_left_live():
