@@ -9,6 +9,10 @@ With no code change: ``pip install .`` then ``TORCH_ARENA=1 python train.py`` (s
     print(torch_arena.memory_summary())       # torch's table, plus the arena's section
     print(torch_arena.max_memory_allocated(), torch_arena.defragment())
 
+Leak hunting (``TORCH_ARENA_CONF=leaks:True`` reports at exit): ``step()``, ``tag()``,
+``leak_report()``, ``no_leaks()``, the pytest marker ``gpu_leaks``; ``snapshot()`` and
+``dump_snapshot()`` write PyTorch's memory-snapshot schema (docs/python.md, "Hunting leaks").
+
 The statistics functions have torch.cuda.memory's names, signatures and keys, and work on the
 simulated device (``TORCH_ARENA_CONF=device:sim``) without a GPU or torch. Importing this package
 never imports torch: ``enable``, ``pool`` and ``is_enabled`` load the torch integration on first
@@ -19,6 +23,17 @@ from typing import Any
 
 from ._native import OutOfMemoryError, configure, library_path
 from ._native import version as _library_version
+from .leaks import (
+    LeakError,
+    current_step,
+    leak_report,
+    no_leaks,
+    step,
+    tag,
+)
+from .leaks import install_exit_report as _install_exit_report
+from .referrers import register_holder_type
+from .snapshots import dump_snapshot, record_memory_history, snapshot
 from .stats import (
     caching_allocator_alloc,
     caching_allocator_delete,
@@ -38,21 +53,28 @@ from .stats import (
 
 __version__ = _library_version()
 
+# TORCH_ARENA_CONF=leaks:True: the leak report at exit (enable(conf) checks its own text too).
+_install_exit_report()
+
 # Names served by the torch integration (._torch), imported on first access so that importing
 # torch_arena does not import torch.
 _TORCH_NAMES = ("enable", "is_enabled", "pool", "TorchArenaWarning")
 
 __all__ = [
+    "LeakError",
     "OutOfMemoryError",
     "TorchArenaWarning",
     "__version__",
     "caching_allocator_alloc",
     "caching_allocator_delete",
     "configure",
+    "current_step",
     "defragment",
+    "dump_snapshot",
     "empty_cache",
     "enable",
     "is_enabled",
+    "leak_report",
     "library_path",
     "max_memory_allocated",
     "max_memory_reserved",
@@ -61,10 +83,16 @@ __all__ = [
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
+    "no_leaks",
     "pool",
+    "record_memory_history",
+    "register_holder_type",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
+    "snapshot",
+    "step",
+    "tag",
 ]
 
 

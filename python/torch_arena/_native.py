@@ -43,6 +43,13 @@ __all__ = [
     "empty_cache",
     "empty_cache_report",
     "has_log",
+    "has_track",
+    "history_enable",
+    "history_json",
+    "installed_conf",
+    "layout_json",
+    "leaks_json",
+    "live_json",
     "init",
     "last_error",
     "library_path",
@@ -53,8 +60,13 @@ __all__ = [
     "reset_peak_stats",
     "set_log_level",
     "set_memory_fraction",
+    "set_sites",
     "stats",
     "stats_keys",
+    "step",
+    "current_step",
+    "tag_pop",
+    "tag_push",
     "summary",
     "symbol_address",
     "try_free",
@@ -155,6 +167,21 @@ _LOG_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "torch_arena_log_dropped": (_c_u64, []),
 }
 
+# The tracking exports (issue 4: steps, tags, sites, live table, leaks, layout, history), bound
+# only when the library has them; the functions below raise RuntimeError otherwise.
+_TRACK_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "torch_arena_step": (_c_u64, []),
+    "torch_arena_current_step": (_c_u64, []),
+    "torch_arena_tag_push": (_c_int, [_c_str]),
+    "torch_arena_tag_pop": (_c_int, []),
+    "torch_arena_set_sites": (_c_int, [_c_str, _c_u64, _c_u64]),
+    "torch_arena_live_json": (_c_size, [_c_int, ctypes.c_char_p, _c_size]),
+    "torch_arena_leaks_json": (_c_size, [_c_int, _c_u64, _c_u64, ctypes.c_char_p, _c_size]),
+    "torch_arena_layout_json": (_c_size, [_c_int, ctypes.c_char_p, _c_size]),
+    "torch_arena_history_enable": (_c_int, [_c_int, _c_u64]),
+    "torch_arena_history_json": (_c_size, [_c_int, ctypes.c_char_p, _c_size]),
+}
+
 for _name, (_restype, _argtypes) in _SIGNATURES.items():
     _fn = getattr(_lib, _name)
     _fn.restype = _restype
@@ -164,9 +191,15 @@ for _name, (_restype, _argtypes) in _LOG_SIGNATURES.items():
         _fn = getattr(_lib, _name)
         _fn.restype = _restype
         _fn.argtypes = _argtypes
+for _name, (_restype, _argtypes) in _TRACK_SIGNATURES.items():
+    if hasattr(_lib, _name):
+        _fn = getattr(_lib, _name)
+        _fn.restype = _restype
+        _fn.argtypes = _argtypes
 del _name, _restype, _argtypes, _fn
 
 _HAS_LOG = all(hasattr(_lib, name) for name in _LOG_SIGNATURES)
+_HAS_TRACK = all(hasattr(_lib, name) for name in _TRACK_SIGNATURES)
 
 
 def library_path() -> str:
@@ -236,8 +269,24 @@ def configure(conf: str | None = None) -> None:
     the value and the accepted forms; nothing is installed) or when the allocator already runs
     with a different configuration.
     """
+    global _installed_conf
     text = os.environ.get("TORCH_ARENA_CONF", "") if conf is None else conf
     _check(_lib.torch_arena_configure(text.encode()), "torch_arena_configure")
+    _installed_conf = text
+
+
+# The text the last successful configure() installed; None: the library reads TORCH_ARENA_CONF
+# itself on first use.
+_installed_conf: str | None = None
+
+
+def installed_conf() -> str:
+    """The configuration text in force as far as Python knows: what :func:`configure` last
+    installed, else ``TORCH_ARENA_CONF`` ("" = the defaults). The library has no export that
+    reads its configuration back."""
+    if _installed_conf is not None:
+        return _installed_conf
+    return os.environ.get("TORCH_ARENA_CONF", "")
 
 
 def check_config(conf: str) -> None:
@@ -481,3 +530,98 @@ def drain_logs() -> list[tuple[int, str, str]]:
     for level, target, message in records:
         _logger.log(level, "%s", message, extra={"target": target})
     return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Tracking: steps, tags, allocation sites, the live table, leaks, layout and history (issue 4).
+# The JSON schemas are those of TRACK-CONTRACT.md; each function returns the parsed JSON.
+
+
+def has_track() -> bool:
+    """Whether the library has the tracking exports (steps, sites, live table, leaks...)."""
+    return _HAS_TRACK
+
+
+def _require_track(call: str) -> None:
+    if not _HAS_TRACK:
+        raise RuntimeError(
+            f"{call}: this build of the torch-arena library has no tracking exports "
+            "(torch_arena_step, torch_arena_leaks_json, ...); rebuild it with `pip install .`"
+        )
+
+
+def step() -> int:
+    """Advance the process-wide step; the new step number (steps start at 0)."""
+    _require_track("step")
+    n = int(_lib.torch_arena_step())
+    if n == 0:  # steps start at 0, so a new step is >= 1: 0 is the failure value
+        raise _error(ERR_OTHER, "torch_arena_step")
+    return n
+
+
+def current_step() -> int:
+    """The process-wide step number."""
+    _require_track("current_step")
+    return int(_lib.torch_arena_current_step())
+
+
+def tag_push(tag: str) -> None:
+    """Push ``tag`` on the process-wide tag stack: new allocations carry the innermost tag."""
+    _require_track("tag_push")
+    _check(_lib.torch_arena_tag_push(tag.encode()), "torch_arena_tag_push")
+
+
+def tag_pop() -> None:
+    """Pop the innermost tag; ValueError when the stack is empty."""
+    _require_track("tag_pop")
+    _check(_lib.torch_arena_tag_pop(), "torch_arena_tag_pop")
+
+
+def set_sites(mode: str, every: int = 1, min_bytes: int = 0) -> None:
+    """Capture allocation sites from now on: ``mode`` is "none", "python", "native" or "all";
+    one allocation in ``every`` (>= 1); only requests of at least ``min_bytes``."""
+    _require_track("set_sites")
+    _check(_lib.torch_arena_set_sites(mode.encode(), every, min_bytes), "torch_arena_set_sites")
+
+
+def history_enable(enabled: bool, max_entries: int = 0) -> None:
+    """Start (clearing it) or stop a bounded ring of ``max_entries`` trace entries."""
+    _require_track("history_enable")
+    code = _lib.torch_arena_history_enable(int(bool(enabled)), max_entries)
+    _check(code, "torch_arena_history_enable")
+
+
+def _json(fn: Callable[..., int], call: str, device: int, *args: Any) -> dict[str, Any]:
+    """Call a JSON export of ``device`` (snprintf convention; 0 = failure) and parse it."""
+    import json
+
+    _require_track(call)
+    clear_last_error()
+    text = _copy_out(fn, device, *args, initial=65536)
+    if not text:
+        msg = last_error()
+        code = _probe(device)  # a bad device or configuration says so
+        exc = ValueError if code in _VALUE_ERRORS else RuntimeError
+        raise exc(msg or f"{call}({device}) failed")
+    return json.loads(text)
+
+
+def live_json(device: int) -> dict[str, Any]:
+    """``device``'s live allocations with their step, tag and site, and the sites' frames."""
+    return _json(_lib.torch_arena_live_json, "torch_arena_live_json", device)
+
+
+def leaks_json(device: int, warmup: int, age_steps: int) -> dict[str, Any]:
+    """``device``'s growing sites after step ``warmup``, and allocations older than
+    ``age_steps`` steps (0: none)."""
+    return _json(_lib.torch_arena_leaks_json, "torch_arena_leaks_json", device, warmup, age_steps)
+
+
+def layout_json(device: int) -> dict[str, Any]:
+    """``device``'s segments and the blocks that cover them (for snapshots)."""
+    return _json(_lib.torch_arena_layout_json, "torch_arena_layout_json", device)
+
+
+def history_json(device: int) -> dict[str, Any]:
+    """``device``'s recorded trace entries (empty unless :func:`history_enable` is on)."""
+    return _json(_lib.torch_arena_history_json, "torch_arena_history_json", device)

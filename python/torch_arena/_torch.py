@@ -24,7 +24,15 @@ from typing import Any
 
 from . import _native
 
-__all__ = ["TorchArenaWarning", "enable", "installed_hooks", "is_enabled", "original", "pool"]
+__all__ = [
+    "TorchArenaWarning",
+    "enable",
+    "installed_hooks",
+    "is_enabled",
+    "original",
+    "pool",
+    "step_hook",
+]
 
 _log = logging.getLogger("torch_arena")
 
@@ -81,6 +89,15 @@ ACCELERATOR_NAMES: tuple[str, ...] = (
     "empty_cache",
 )
 
+# torch.cuda.memory's snapshot and history functions, which raise under a pluggable allocator,
+# each replaced (in torch.cuda.memory, and in torch.cuda where it has the name) by torch-arena's.
+SNAPSHOT_NAMES: tuple[str, ...] = (
+    "_snapshot",
+    "_dump_snapshot",
+    "_record_memory_history",
+    "memory_snapshot",
+)
+
 _MALLOC = "torch_arena_malloc"
 _FREE = "torch_arena_free"
 
@@ -103,6 +120,8 @@ class _Global:
         self.hooks: tuple[str, ...] = ()
         # (module name, function name) -> PyTorch's original function.
         self.originals: dict[tuple[str, str], Any] = {}
+        # The handle of the global optimizer step hook that advances torch-arena's step.
+        self.step_hook: Any = None
 
 
 _global = _Global()
@@ -168,15 +187,52 @@ def _stats_functions(names: tuple[str, ...]) -> dict[str, Any]:
     return {name: getattr(stats, name) for name in names}
 
 
+def _snapshot_functions() -> dict[str, Any]:
+    """Replacements for SNAPSHOT_NAMES, with PyTorch's signatures."""
+    from . import snapshots as snapshot
+
+    def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+        return snapshot.snapshot(device)
+
+    def _dump_snapshot(
+        filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False
+    ) -> None:
+        snapshot.dump_snapshot(filename)
+
+    def memory_snapshot(mempool_id: Any = None) -> list[dict[str, Any]]:
+        return snapshot.memory_snapshot()
+
+    for fn, name in (
+        (_snapshot, "_snapshot"),
+        (_dump_snapshot, "_dump_snapshot"),
+        (memory_snapshot, "memory_snapshot"),
+    ):
+        fn.__doc__ = (
+            f"torch-arena's replacement for torch.cuda.memory.{name} (torch_arena.snapshots)"
+        )
+    return {
+        "_snapshot": _snapshot,
+        "_dump_snapshot": _dump_snapshot,
+        "_record_memory_history": snapshot.record_memory_history,
+        "memory_snapshot": memory_snapshot,
+    }
+
+
 def _patch_plan(torch: Any) -> list[tuple[Any, str, str, Any]]:
     """(module, module name, function name, replacement) for every function to replace."""
     plan = []
     cuda = _stats_functions(PATCHED_NAMES)
+    snapshots = _snapshot_functions()
     for module, module_name in (
         (torch.cuda, "torch.cuda"),
         (torch.cuda.memory, "torch.cuda.memory"),
     ):
         plan += [(module, module_name, name, fn) for name, fn in cuda.items()]
+        plan += [
+            (module, module_name, name, fn)
+            for name, fn in snapshots.items()
+            if module is torch.cuda.memory or callable(getattr(module, name, None))
+        ]
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         acc = _stats_functions(ACCELERATOR_NAMES)
@@ -324,7 +380,10 @@ def enable(conf: str | None = None) -> None:
     PyTorch offers and this library implements (init, empty_cache, memory fraction,
     record_stream, base allocation, pool end/release), then replaces PyTorch's; then
     ``torch.cuda.memory_stats`` and the other statistics functions (in ``torch.cuda``,
-    ``torch.cuda.memory`` and ``torch.accelerator``) are redirected to torch-arena's figures.
+    ``torch.cuda.memory`` and ``torch.accelerator``) are redirected to torch-arena's figures,
+    ``torch.cuda.memory._snapshot``, ``_dump_snapshot``, ``_record_memory_history`` and
+    ``memory_snapshot`` to :mod:`torch_arena.snapshots`, and every ``optimizer.step()`` ends a
+    torch-arena step (leak hunting); with ``leaks:True`` the leak report prints at exit.
     Settings visible now that will not work (``torch.backends.cudnn.benchmark``) or no longer
     apply (``PYTORCH_CUDA_ALLOC_CONF``) give a :class:`TorchArenaWarning` before the swap.
 
@@ -407,6 +466,10 @@ def _enable_locked(conf: str | None) -> None:
         setattr(module, name, replacement)
     _global.enabled = True
     _watch_cudnn_benchmark(torch)
+    _global.step_hook = _register_step_hook(torch)
+    from .leaks import install_exit_report
+
+    install_exit_report(text)
     _log.info(
         "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
         _rank_text(),
@@ -414,6 +477,35 @@ def _enable_locked(conf: str | None) -> None:
         text,
         ", ".join(hooks) or "none",
     )
+
+
+def _step_after_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
+    from . import _native
+
+    if _native.has_track():
+        _native.step()
+
+
+def _register_step_hook(torch: Any) -> Any:
+    """Advance torch-arena's step after every ``optimizer.step()`` (a global post hook); the
+    handle, or None when this torch lacks the hook or the library lacks steps."""
+    from . import _native
+
+    if not _native.has_track():
+        return None
+    try:
+        import torch.optim.optimizer as optimizer_module
+
+        register = optimizer_module.register_optimizer_step_post_hook
+    except (ImportError, AttributeError):
+        _log.debug("torch-arena: no global optimizer step hook in this torch", exc_info=True)
+        return None
+    return register(_step_after_optimizer)
+
+
+def step_hook() -> Any:
+    """The handle of the optimizer step hook :func:`enable` registered (None if none)."""
+    return _global.step_hook
 
 
 def original(name: str, module: str = "torch.cuda.memory") -> Any:

@@ -174,3 +174,49 @@ def test_torch_compile_reduce_overhead_is_recorded(workload):
     workload("compile_reduce_overhead", arena=True, must_succeed=False)
     # Expected under the arena: "pluggable does not yet support checkPoolLiveAllocations"
     # (pytorch#163257). Recorded in gpu-results.json.
+
+
+# ---------------------------------------------------------------------------------------------
+# Leak hunting on real training loops (TORCH_ARENA_CONF=leaks:True; optimizer.step() advances
+# the step).
+
+LEAKS = {"TORCH_ARENA_CONF": "leaks:True"}
+
+
+def _at_line(r: dict) -> list:
+    return [
+        s for s in r["sites"] if s["file"] == r["expected_file"] and s["line"] == r["expected_line"]
+    ]
+
+
+@pytest.mark.parametrize("name", ["leak_forward_hook", "leak_growing_cache"])
+def test_a_planted_leak_is_found_at_its_line_with_its_rate(workload, name):
+    r = workload(name, arena=True, **LEAKS)
+    found = _at_line(r)
+    assert found, r["text"]
+    rate = sum(s["bytes_per_step"] for s in found)
+    assert abs(rate - r["planted_per_step"]) <= 0.05 * r["planted_per_step"], r["text"]
+    assert [s for s in r["sites"] if s not in found] == [], r["text"]
+
+
+def test_the_forward_hooks_stash_is_named_as_the_holder(workload):
+    r = workload("leak_forward_hook", arena=True, **LEAKS)
+    holders = [h or "" for s in _at_line(r) for h in s["holders"]]
+    assert any("<closure stash>" in h or h.startswith("stash[") for h in holders), r["text"]
+
+
+def test_a_loss_kept_with_its_graph_is_found(workload):
+    r = workload("leak_loss_graph", arena=True, **LEAKS)
+    assert _at_line(r), r["text"]  # the forward pass of the kept loss
+    # The graph's saved tensors are allocated by the forward pass: the sites' rates add up to
+    # the growth of memory_allocated per step.
+    rate = sum(s["bytes_per_step"] for s in r["sites"])
+    assert abs(rate - r["planted_per_step"]) <= 0.05 * r["planted_per_step"], r["text"]
+    holders = [h or "" for s in r["sites"] for h in s["holders"]]
+    assert any(h.startswith("losses[") for h in holders), r["text"]
+
+
+def test_a_clean_gpt_training_loop_reports_nothing(workload):
+    r = workload("clean_gpt", arena=True, **LEAKS)
+    assert r["steps"] >= 16  # optimizer.step() advanced the steps
+    assert r["sites"] == [], r["text"]

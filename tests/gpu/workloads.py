@@ -481,6 +481,136 @@ def compile_reduce_overhead(device: str) -> dict[str, Any]:
     return {"compile": outcome(run), **allocator_state()}
 
 
+# ---------------------------------------------------------------------------------------------
+# Leak hunting (run with TORCH_ARENA=1 TORCH_ARENA_CONF=leaks:True): real training loops with a
+# planted leak, each allocating statement marked "# LEAK" (the test finds the line by reading
+# this file), and a clean GPT-style loop that must report nothing. Steps advance on
+# optimizer.step(), as for a user.
+
+
+def _leak_line(tag: str) -> int:
+    """The line of this file that ends with ``# LEAK <tag>``."""
+    with open(__file__) as f:
+        for n, text in enumerate(f, 1):
+            if text.rstrip().endswith(f"# LEAK {tag}"):
+                return n
+    raise LookupError(tag)
+
+
+def _leak_result(expected_tag: str | None, planted: float | None) -> dict[str, Any]:
+    """The leak report, reduced to what the test checks: per growing site its user frame,
+    bytes per step and holders; the planted line and bytes per step."""
+    import torch_arena
+    from torch_arena.leaks import site_location
+
+    torch.cuda.synchronize()
+    report = torch_arena.leak_report(format="json")
+    sites = []
+    for s in report["growing"]:
+        loc = site_location(s["frames"])
+        sites.append(
+            {
+                "file": os.path.basename(loc[0]) if loc else None,
+                "line": loc[1] if loc else None,
+                "bytes_per_step": s["bytes_per_step"],
+                "holders": [h["expr"] for h in s.get("holders", [])],
+            }
+        )
+    return {
+        "sites": sites,
+        "expected_file": os.path.basename(__file__),
+        "expected_line": _leak_line(expected_tag) if expected_tag else None,
+        "planted_per_step": planted,
+        "steps": report["step"],
+        "text": torch_arena.leak_report(),
+        **allocator_state(),
+    }
+
+
+def _mlp(device: str, width: int = 1024) -> tuple[torch.nn.Module, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width)
+    ).to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+@workload
+def leak_loss_graph(device: str) -> dict[str, Any]:
+    """losses.append(loss): every step's loss keeps its autograd graph and saved activations."""
+    model, opt = _mlp(device)
+    losses = []
+    before: list[int] = []
+    for _ in range(12):
+        x = torch.randn(64, 1024, device=device)
+        loss = model(x).square().mean()  # LEAK graph
+        opt.zero_grad(set_to_none=True)
+        loss.backward(retain_graph=True)  # keeps the saved tensors alive with the graph
+        opt.step()
+        losses.append(loss)  # the bug: loss, not loss.item()
+        before.append(torch.cuda.memory_allocated())
+    grown = (before[-1] - before[3]) / (len(before) - 4)
+    return _leak_result("graph", grown)
+
+
+@workload
+def leak_forward_hook(device: str) -> dict[str, Any]:
+    """A forward hook that stashes every activation."""
+    model, opt = _mlp(device)
+    stash = []
+
+    def keep(module: Any, inputs: Any, output: torch.Tensor) -> None:
+        stash.append(output.detach().clone())  # LEAK hook
+
+    model[1].register_forward_hook(keep)
+    for _ in range(12):
+        loss = model(torch.randn(64, 1024, device=device)).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return _leak_result("hook", 64 * 1024 * 4.0)
+
+
+_EMBED_CACHE: dict = {}
+
+
+@workload
+def leak_growing_cache(device: str) -> dict[str, Any]:
+    """A memo keyed by the step: one new 4 MiB tensor per step, never evicted."""
+    model, opt = _mlp(device)
+    for i in range(12):
+        key = ("prompt", i)
+        if key not in _EMBED_CACHE:
+            _EMBED_CACHE[key] = torch.randn(1024, 1024, device=device)  # LEAK cache
+        loss = (model(_EMBED_CACHE[key][:64]) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return _leak_result("cache", 1024 * 1024 * 4.0)
+
+
+@workload
+def clean_gpt(device: str) -> dict[str, Any]:
+    """TinyLM trained with AdamW (optimizer state created on the first step, activations freed
+    every step, the loss read with .item()): nothing may be reported."""
+    torch.manual_seed(1234)
+    vocab, seq, batch = 256, 128, 16
+    model = TinyLM(vocab=vocab, seq=seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    history = []
+    for _ in range(16):
+        chunk = torch.randint(0, vocab, (batch, seq + 1), device=device)
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        history.append(loss.item())
+    return _leak_result(None, None)
+
+
 def main(argv: list[str]) -> int:
     name = argv[1]
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"

@@ -1,0 +1,383 @@
+"""Who holds a leaked allocation: the Python objects that own it and the chain of references
+from a root (a module global, a local variable of a running frame) down to them.
+
+Owners are found by a walk over the objects the garbage collector tracks:
+
+* ``torch.Tensor`` -- its storage's ``data_ptr()``, only if torch is already imported (this
+  module never imports it) and the tensor is on a CUDA device;
+* :class:`torch_arena.testing.DeviceBuffer`;
+* any type given to :func:`register_holder_type` with a function returning its device pointers.
+
+Then ``gc.get_referrers`` climbs from the owners, breadth first, one pass over the heap per
+level, until each owner reaches a root. Everything is bounded (owners per call, objects per
+level, depth) and every look at a foreign object is guarded, so an exotic object costs a missing
+holder, never an exception.
+"""
+
+import gc
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["find_holders", "register_holder_type"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# type -> function(obj) -> iterable of device pointers (ints).
+_HOLDER_TYPES: dict[type, Callable[[Any], Iterable[int]]] = {}
+# type -> the function that applies to it (looked up through the MRO once per type), or None.
+_resolved: dict[type, Callable[[Any], Iterable[int]] | None] = {}
+
+MAX_OWNERS = 64  # owners whose chain is traced, per call
+MAX_FRONTIER = 256  # objects climbed from, per level
+MAX_DEPTH = 8  # levels of references climbed
+
+
+def register_holder_type(cls: type, pointers: Callable[[Any], Iterable[int]]) -> None:
+    """Teach the leak report that objects of ``cls`` (and subclasses) own device memory:
+    ``pointers(obj)`` returns the device pointers (allocation base addresses) the object owns.
+    Exceptions it raises are ignored."""
+    if not isinstance(cls, type) or not callable(pointers):
+        raise TypeError("register_holder_type(cls, pointers): a type and a callable")
+    _HOLDER_TYPES[cls] = pointers
+    _resolved.clear()
+
+
+def _device_buffer_pointers(obj: Any) -> Iterable[int]:
+    return (obj.ptr,) if obj.ptr else ()
+
+
+def _tensor_pointers(obj: Any) -> Iterable[int]:
+    if not obj.is_cuda:
+        return ()
+    return (int(obj.untyped_storage().data_ptr()),)
+
+
+def _pointer_function(tp: type) -> Callable[[Any], Iterable[int]] | None:
+    try:
+        return _resolved[tp]
+    except KeyError:
+        pass
+    fn = None
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None) if torch is not None else None
+    try:
+        for base in tp.__mro__:
+            if base in _HOLDER_TYPES:
+                fn = _HOLDER_TYPES[base]
+                break
+            if tensor is not None and base is tensor:
+                fn = _tensor_pointers
+                break
+    except Exception:
+        fn = None
+    _resolved[tp] = fn
+    return fn
+
+
+def _register_defaults() -> None:
+    from .testing import DeviceBuffer
+
+    _HOLDER_TYPES.setdefault(DeviceBuffer, _device_buffer_pointers)
+
+
+def _owners(ptrs: set[int], limit: int) -> dict[int, list[Any]]:
+    """ptr -> the objects owning it (at most ``limit`` objects in all)."""
+    found: dict[int, list[Any]] = {}
+    count = 0
+    for obj in gc.get_objects():
+        fn = _pointer_function(type(obj))
+        if fn is None:
+            continue
+        try:
+            owned = [int(p) for p in fn(obj)]
+        except Exception:
+            continue
+        for p in owned:
+            if p in ptrs:
+                found.setdefault(p, []).append(obj)
+                count += 1
+        if count >= limit:
+            break
+    return found
+
+
+def _short(path: str) -> str:
+    """A file name relative to the working directory when under it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _is_ours(frame: types.FrameType) -> bool:
+    return os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _PACKAGE_DIR
+
+
+def _frame_where(frame: types.FrameType) -> str:
+    code = frame.f_code
+    return f"{code.co_name}() at {_short(code.co_filename)}:{frame.f_lineno}"
+
+
+def _describe(obj: Any) -> str:
+    try:
+        if isinstance(obj, (list, tuple, dict, set, frozenset)):
+            return f"{type(obj).__name__} of {len(obj)}"
+        if isinstance(obj, types.FunctionType):
+            return f"function {obj.__qualname__}"
+        return f"{type(obj).__module__}.{type(obj).__qualname__} object"
+    except Exception:
+        return "object"
+
+
+def _edge(parent: Any, child: Any) -> str | None:
+    """How ``parent`` refers to ``child``, as an accessor (``[3]``, ``['k']``, ``.attr``), or
+    None when it cannot be named."""
+    try:
+        if isinstance(parent, (list, tuple)):
+            for i, item in enumerate(parent):
+                if item is child:
+                    return f"[{i}]"
+            return None
+        if isinstance(parent, dict):
+            for key, value in parent.items():
+                if value is child:
+                    return f"[{key!r}]" if not isinstance(key, str) else f"[{key!r}]"
+                if key is child:
+                    return f"(key {key!r})"
+            return None
+        if isinstance(parent, (set, frozenset)):
+            return "{...}"
+        if isinstance(parent, types.CellType):
+            return "" if parent.cell_contents is child else None
+        if isinstance(parent, types.FunctionType):
+            closure = parent.__closure__ or ()
+            if child is closure:
+                return ""
+            for name, cell in zip(parent.__code__.co_freevars, closure, strict=False):
+                if cell is child:
+                    return f".<closure {name}>"
+            return None
+        d = getattr(parent, "__dict__", None)
+        if isinstance(d, dict):
+            if d is child:
+                return ""
+            for key, value in d.items():
+                if value is child:
+                    return f".{key}"
+        for klass in type(parent).__mro__:
+            for name in getattr(klass, "__slots__", ()):
+                if isinstance(name, str) and getattr(parent, name, None) is child:
+                    return f".{name}"
+    except Exception:
+        return None
+    return None
+
+
+def _accessors(nodes: list[Any]) -> str:
+    """The accessor text from ``nodes[0]`` (a rooted object) down to ``nodes[-1]`` (the owner):
+    ``[3]``, ``['key']``, ``.attr``, ``.<closure name>``."""
+    out = []
+    i = 0
+    while i < len(nodes) - 1:
+        upper, lower = nodes[i], nodes[i + 1]
+        try:
+            # function -> __closure__ tuple -> cell -> value: the free variable's name.
+            if isinstance(upper, types.FunctionType) and lower is upper.__closure__:
+                if i + 2 < len(nodes) and isinstance(nodes[i + 2], types.CellType):
+                    index = next(k for k, c in enumerate(lower) if c is nodes[i + 2])
+                    out.append(f".<closure {upper.__code__.co_freevars[index]}>")
+                    i += 3
+                    continue
+            # object -> its __dict__ -> value: an attribute.
+            if isinstance(lower, dict) and getattr(upper, "__dict__", None) is lower:
+                if i + 2 < len(nodes):
+                    key = next(k for k, v in lower.items() if v is nodes[i + 2])
+                    out.append(f".{key}")
+                    i += 2
+                    continue
+        except Exception:
+            pass
+        accessor = _edge(upper, lower)
+        out.append(accessor if accessor is not None else "...")
+        i += 1
+    return "".join(out)
+
+
+class _Walk:
+    """One breadth-first climb from the owners towards roots."""
+
+    def __init__(self) -> None:
+        self.modules: dict[int, str] = {}
+        for name, module in list(sys.modules.items()):
+            d = getattr(module, "__dict__", None)
+            if isinstance(d, dict):
+                self.modules.setdefault(id(d), name)
+        self.frames = self._running_frames()
+        # Objects this walk itself created: never reported as holders.
+        self.ignore: set[int] = {id(self.modules), id(self.frames), id(self.__dict__)}
+
+    def _running_frames(self) -> list[types.FrameType]:
+        frames = []
+        try:
+            current = sys._current_frames()
+        except Exception:
+            current = {}
+        for top in current.values():
+            frame = top
+            while frame is not None:
+                if not _is_ours(frame):
+                    frames.append(frame)
+                frame = frame.f_back
+        return frames
+
+    def chains(self, owners: list[Any]) -> dict[int, dict[str, Any]]:
+        """id(owner) -> {"expr", "root", "chain"} for the owners a root was found for."""
+        seen: dict[int, Any] = {id(o): o for o in owners}  # keeps every object visited alive
+        up: dict[int, list[Any]] = {}  # id(obj) -> the objects found referring to it
+        roots: dict[int, str] = {}  # id(obj) -> where its name lives
+        frontier = list(owners)
+        self.ignore.update({id(seen), id(up), id(roots), id(owners)})
+        for _ in range(MAX_DEPTH):
+            if not frontier:
+                break
+            ids = {id(o) for o in frontier}
+            self.ignore.update({id(frontier), id(ids)})
+            self._frame_roots(ids, roots)
+            pending = {i for i in ids if i not in roots}
+            if not pending:
+                break
+            try:
+                referrers = gc.get_referrers(*[o for o in frontier if id(o) in pending])
+            except Exception:
+                referrers = []
+            next_frontier: list[Any] = []
+            self.ignore.add(id(next_frontier))
+            for ref in referrers:
+                rid = id(ref)
+                if rid in self.ignore or (isinstance(ref, types.FrameType) and _is_ours(ref)):
+                    continue
+                if type(ref) is tuple and len(ref) == len(pending):
+                    if all(id(x) in pending for x in ref):  # get_referrers' argument tuple
+                        continue
+                if rid in self.modules:
+                    self._module_roots(ref, self.modules[rid], pending, roots)
+                    continue
+                if isinstance(ref, types.FrameType):
+                    self._frame_locals_roots(ref, pending, roots)
+                    continue
+                linked = False
+                for cid in _children(ref, pending, seen):
+                    up.setdefault(cid, []).append(ref)
+                    linked = True
+                if linked and rid not in seen:
+                    seen[rid] = ref
+                    if len(next_frontier) < MAX_FRONTIER:
+                        next_frontier.append(ref)
+            frontier = next_frontier
+        result: dict[int, dict[str, Any]] = {}
+        for owner in owners:
+            nodes = _path_to_root(owner, up, roots)
+            if nodes is None:
+                continue
+            root_name = roots[id(nodes[-1])]
+            name = root_name.split("'")[1] if "'" in root_name else "?"
+            result[id(owner)] = {
+                "expr": name + _accessors(list(reversed(nodes))),
+                "root": root_name,
+                "chain": [_describe(node) for node in nodes],
+            }
+        return result
+
+    def _frame_roots(self, ids: set[int], roots: dict[int, str]) -> None:
+        """Locals of running frames (not visible to gc.get_referrers since Python 3.11)."""
+        for frame in self.frames:
+            self._frame_locals_roots(frame, ids, roots)
+
+    @staticmethod
+    def _frame_locals_roots(frame: types.FrameType, ids: set[int], roots: dict[int, str]) -> None:
+        try:
+            local_items = list(frame.f_locals.items())
+        except Exception:
+            return
+        for name, value in local_items:
+            if id(value) in ids and id(value) not in roots:
+                roots[id(value)] = f"local variable {name!r} of {_frame_where(frame)}"
+
+    @staticmethod
+    def _module_roots(d: dict, module: str, ids: set[int], roots: dict[int, str]) -> None:
+        try:
+            items = list(d.items())
+        except Exception:
+            return
+        for key, value in items:
+            if id(value) in ids and id(value) not in roots:
+                roots[id(value)] = f"global {key!r} of module {module}"
+
+
+def _path_to_root(owner: Any, up: dict[int, list[Any]], roots: dict[int, str]) -> list | None:
+    """The shortest chain [owner, ..., rooted object] along the referrer links, or None."""
+    queue = [[owner]]
+    visited = {id(owner)}
+    while queue:
+        path = queue.pop(0)
+        if id(path[-1]) in roots:
+            return path
+        for parent in up.get(id(path[-1]), ()):
+            if id(parent) not in visited:
+                visited.add(id(parent))
+                queue.append(path + [parent])
+    return None
+
+
+def _children(parent: Any, ids: set[int], seen: dict[int, Any]) -> list[int]:
+    """The ids of ``ids`` (objects in ``seen``) that ``parent`` refers to by a nameable edge."""
+    try:
+        if isinstance(parent, (list, tuple)):
+            return [id(x) for x in parent if id(x) in ids]
+        if isinstance(parent, dict):
+            return [id(v) for v in parent.values() if id(v) in ids]
+    except Exception:
+        return []
+    return [i for i in ids if _edge(parent, seen[i]) is not None]
+
+
+def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int, list[dict]]:
+    """For each device pointer of ``ptrs``, the Python objects that own it and where they are
+    held: ``{ptr: [{"type", "expr", "root", "chain"}, ...]}``. ``expr`` reads like the code
+    that reaches the owner (``losses[12]``, ``model.stash[3]``), ``root`` says where its first
+    name lives (``global 'losses' of module train``, ``local variable 'cache' of step() at
+    train.py:40``), ``chain`` lists the objects from the owner up. An owner reachable from no
+    root within the limits gets ``expr`` None. Never raises."""
+    try:
+        _register_defaults()
+        wanted = {int(p) for p in ptrs}
+        if not wanted:
+            return {}
+        owners = _owners(wanted, max_owners)
+        flat = [obj for objs in owners.values() for obj in objs]
+        walk = _Walk()
+        # This function's own containers refer to the owners too: never holders.
+        walk.ignore.update(id(objs) for objs in owners.values())
+        walk.ignore.update({id(owners), id(flat)})
+        chains = walk.chains(flat) if flat else {}
+        result: dict[int, list[dict]] = {}
+        for ptr, objs in owners.items():
+            entries = []
+            for obj in objs:
+                info = chains.get(id(obj), {})
+                entries.append(
+                    {
+                        "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                        "expr": info.get("expr"),
+                        "root": info.get("root"),
+                        "chain": info.get("chain", [_describe(obj)]),
+                    }
+                )
+            result[ptr] = entries
+        return result
+    except Exception:  # never break a report for want of holders
+        return {}
