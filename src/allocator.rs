@@ -143,12 +143,21 @@ impl TorchArena {
         let site = self.track.capture_site(size as u64);
         let reserved = || reserved_bytes(arena);
         let before = self.track.history_enabled().then(reserved);
+        // A site new to the trace file gets its text now, while no lock is held (Python frames
+        // are read under the GIL).
+        let site_text = match &self.recorder {
+            Some(r) if !r.knows_site(site) => Some(site_label(&self.track, site)),
+            _ => None,
+        };
         // The recorder's lock is held across the call, so the record is in the order the arena
         // handed pointers out.
         let mut rec = self.recorder.as_ref().map(Recorder::lock);
         let ptr = arena.malloc(size as u64, stream)?;
         if let Some(rec) = rec.as_mut() {
-            rec.alloc(ptr, size as u64, stream, device);
+            if let Some(text) = &site_text {
+                rec.define_site(site, text);
+            }
+            rec.alloc_at(ptr, size as u64, stream, device, site);
         }
         drop(rec);
         let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
@@ -301,6 +310,22 @@ pub fn expand_trace_path(path: &str) -> String {
         p = p.replace("{rank}", &rank);
     }
     p
+}
+
+/// One line naming allocation site `site` for a trace file: the innermost frame outside
+/// torch-arena and torch (`train.py:40 in step`), else the innermost frame. May take the GIL.
+fn site_label(track: &Tracker, site: u32) -> String {
+    let frames = track.site_text(site);
+    let library = |f: &str| f.contains("/torch_arena/") || f.contains("/torch/");
+    frames
+        .iter()
+        .find(|f| f.kind == "python" && !library(&f.filename))
+        .or_else(|| frames.first())
+        .map(|f| match f.line {
+            0 => format!("{} ({})", f.name, f.filename),
+            line => format!("{}:{line} in {}", f.filename, f.name),
+        })
+        .unwrap_or_default()
 }
 
 /// Physical bytes `arena` holds (read only while history is recorded).

@@ -279,3 +279,31 @@ fn recorder_flushes_when_its_buffer_is_full() {
     r.flush();
     assert_eq!(format::read(&p).unwrap().events.len(), 50_000);
 }
+
+#[test]
+fn recorder_writes_each_site_once_and_unknown_sites_read_back_as_unknown() {
+    let p = tmp("sites.trace");
+    {
+        let r = Recorder::create(&p).unwrap();
+        let mut g = r.lock();
+        g.define_site(7, "train.py:40 in step");
+        g.alloc_at(0x1000, 512, 0, 0, 7);
+        g.define_site(7, "ignored: already defined");
+        g.alloc_at(0x2000, 1024, 0, 0, 7);
+        // Never defined: recorded as unknown rather than as a dangling id.
+        g.alloc_at(0x3000, 2048, 0, 0, 9);
+        g.free(0x1000, 512, 0, 0);
+    }
+    let text = std::fs::read_to_string(&p).unwrap();
+    assert_eq!(text.matches("site 7 ").count(), 1, "{text}");
+    let t = format::read(&p).unwrap();
+    let _ = std::fs::remove_file(&p);
+    let sites: Vec<&str> = t.events[..3]
+        .iter()
+        .map(|e| t.sites[e.site as usize].as_str())
+        .collect();
+    assert_eq!(sites[0], "train.py:40 in step");
+    assert_eq!(sites[1], "train.py:40 in step");
+    assert_eq!(t.events[2].site, 0);
+    assert_eq!(t.events.len(), 4);
+}

@@ -426,6 +426,8 @@ struct RecState {
     /// `None` once a write failed: recording has stopped.
     out: Option<BufWriter<File>>,
     start: Instant,
+    /// Site ids whose `site ID TEXT` line is written.
+    sites: std::collections::HashSet<u32>,
 }
 
 impl RecState {
@@ -523,6 +525,7 @@ impl Recorder {
             path,
             out: Some(out),
             start: Instant::now(),
+            sites: Default::default(),
         }));
         {
             let mut list = REGISTRY.lock();
@@ -563,6 +566,11 @@ impl Recorder {
         self.lock().free(ptr, size, stream, device);
     }
 
+    /// Whether site `id`'s text is already in the file (0, "unknown", always is).
+    pub fn knows_site(&self, id: u32) -> bool {
+        id == 0 || self.state.lock().sites.contains(&id)
+    }
+
     /// Writes out everything buffered.
     pub fn flush(&self) {
         self.state.lock().flush();
@@ -575,6 +583,31 @@ impl RecorderGuard<'_> {
         let t = self.state.now_us();
         self.state
             .record(format_args!("a {ptr:#x} {size} {stream} {device} {t}\n"));
+    }
+
+    /// Records an allocation made at site `site` (0 = unknown). A site never defined by
+    /// [`RecorderGuard::define_site`] is recorded as unknown, so the file always reads back.
+    pub fn alloc_at(&mut self, ptr: DevPtr, size: u64, stream: StreamId, device: i32, site: u32) {
+        if site == 0 || !self.state.sites.contains(&site) {
+            return self.alloc(ptr, size, stream, device);
+        }
+        let t = self.state.now_us();
+        self.state.record(format_args!(
+            "a {ptr:#x} {size} {stream} {device} {t} {site}\n"
+        ));
+    }
+
+    /// Writes the `site ID TEXT` line of `id` once (later calls for the same id do nothing).
+    pub fn define_site(&mut self, id: u32, text: &str) {
+        if id != 0 && self.state.sites.insert(id) {
+            let text = one_line(text);
+            let text = if text.trim().is_empty() {
+                "?"
+            } else {
+                text.as_str()
+            };
+            self.state.record(format_args!("site {id} {text}\n"));
+        }
     }
 
     /// Records the free of the allocation at `ptr`.
