@@ -575,6 +575,27 @@ pub unsafe extern "C" fn torch_arena_configure(conf: *const c_char) -> c_int {
     })
 }
 
+/// The configuration in force, every key spelled out (`device:sim,...,leak_age:0`), into `buf`
+/// (snprintf style). 0 when torch-arena is not initialised yet (last error says so): nothing is
+/// decided until `torch_arena_configure` or the first allocation.
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_config(buf: *mut c_char, cap: usize) -> usize {
+    let text = guarded("torch_arena_config", || match INSTANCE.get() {
+        Some(i) => Ok(i.arena.config().to_string()),
+        None => Err(Failure::new(
+            TORCH_ARENA_ERR_OTHER,
+            "torch_arena_config: torch-arena is not initialised yet (no configure call and no \
+             allocation so far)"
+                .to_string(),
+        )),
+    });
+    // SAFETY: the caller's contract.
+    unsafe { copy_out(text.as_deref().unwrap_or(""), buf, cap) }
+}
+
 /// Validate `conf` without installing it: 0, or `TORCH_ARENA_ERR_CONFIG` with the reason.
 ///
 /// # Safety

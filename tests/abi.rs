@@ -371,3 +371,18 @@ fn hooks_never_fail_loudly() {
         .unwrap();
     assert_eq!(v, env!("CARGO_PKG_VERSION"));
 }
+
+#[test]
+fn config_reads_back_the_configuration_in_force() {
+    let _g = setup();
+    let mut buf = vec![0u8; 4096];
+    let n = unsafe { torch_arena_config(buf.as_mut_ptr().cast(), buf.len()) };
+    assert!(n > 0 && n < buf.len(), "{}", last_error());
+    let text = std::str::from_utf8(&buf[..n]).unwrap();
+    // Every key spelled out, and what the session installed.
+    let parsed = torch_arena::Config::parse(text).unwrap();
+    assert_eq!(parsed, torch_arena::Config::parse(CONF).unwrap());
+    assert!(text.contains("sim_capacity_mb:256") && text.contains("leak_warmup:2"));
+    // snprintf style: the length without a buffer.
+    assert_eq!(unsafe { torch_arena_config(std::ptr::null_mut(), 0) }, n);
+}

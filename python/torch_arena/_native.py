@@ -145,6 +145,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "torch_arena_base_alloc": (_c_ptr, [_c_ptr, ctypes.POINTER(_c_size)]),
     "torch_arena_configure": (_c_int, [_c_str]),
     "torch_arena_check_config": (_c_int, [_c_str]),
+    "torch_arena_config": (_c_size, [ctypes.c_char_p, _c_size]),
     "torch_arena_last_error": (_c_size, [ctypes.c_char_p, _c_size]),
     "torch_arena_clear_last_error": (None, []),
     "torch_arena_version": (_c_str, []),
@@ -281,9 +282,12 @@ _installed_conf: str | None = None
 
 
 def installed_conf() -> str:
-    """The configuration text in force as far as Python knows: what :func:`configure` last
-    installed, else ``TORCH_ARENA_CONF`` ("" = the defaults). The library has no export that
-    reads its configuration back."""
+    """The configuration in force: the library's own reading once it is initialised (every key
+    spelled out), else what :func:`configure` last installed, else ``TORCH_ARENA_CONF``
+    ("" = the defaults), which is what the library will read on first use."""
+    in_force = _copy_out(_lib.torch_arena_config)
+    if in_force:
+        return in_force
     if _installed_conf is not None:
         return _installed_conf
     return os.environ.get("TORCH_ARENA_CONF", "")

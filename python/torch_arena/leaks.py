@@ -113,7 +113,7 @@ def format_size(n: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Configuration as Python sees it (the library has no export to read its settings back).
+# Configuration in force, as key -> value (from `_native.installed_conf()`).
 
 
 def _conf_items(text: str) -> dict[str, str]:

@@ -324,3 +324,10 @@ def test_attached_log_records_reach_the_torch_arena_logger(caplog):
 def test_log_fields_are_unescaped():
     assert _native._unescape(r"a\tb\nc\\d\re") == "a\tb\nc\\d\re"
     assert _native._unescape("plain") == "plain"
+
+
+def test_installed_conf_is_the_librarys_own_reading():
+    torch_arena.memory_stats(0)  # initialised with the tests' configuration
+    text = _native.installed_conf()
+    assert "sim_capacity_mb:4096" in text and "sim_backing:True" in text
+    assert "leak_warmup:2" in text  # defaults are spelled out: the library's reading, not ours
