@@ -1264,6 +1264,12 @@ impl Inner {
             self.nonempty_slab_bytes -= self.slabs[id as usize].span;
         }
         if is_current {
+            // An emptied current slab of a page or more dissolves too: kept, it would hold a
+            // whole page for a class that may not come back.
+            if used == 1 && self.slabs[id as usize].span >= self.page {
+                self.streams[s as usize].classes[ci].current = None;
+                self.dissolve_slab(id);
+            }
             return;
         }
         if used == 1 {
