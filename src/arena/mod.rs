@@ -667,8 +667,8 @@ impl Inner {
     /// Addresses for `len` bytes from stream `s`'s heap of `pool`, reserving a new region (or, with
     /// no VMM, allocating a new plain segment) when none fits.
     fn take_va(&mut self, s: u32, pool: Pool, len: u64) -> std::result::Result<(u64, u32), Miss> {
-        let hit = if self.vmm {
-            self.place(s, pool, len)
+        let hit = if pool == Pool::Large && self.vmm {
+            self.place_large(s, len)
         } else {
             self.heap(s, pool).alloc(len)
         };
@@ -682,12 +682,15 @@ impl Inner {
             .expect("a new region fits the request"))
     }
 
-    /// A block (or slab span) for stream `s`: among the best fits by size, the one whose range
-    /// needs the fewest pages mapped (a freed block of the same size needs none).
-    fn place(&mut self, s: u32, pool: Pool, len: u64) -> Option<(u64, u32)> {
+    /// A large block for stream `s`: among the best fits by size, the one whose range needs the
+    /// fewest pages mapped (a freed block of the same size needs none).
+    fn place_large(&mut self, s: u32, len: u64) -> Option<(u64, u32)> {
         let mut fits = [(0u64, 0u32); PLACEMENT_CANDIDATES];
         let mut n = 0;
-        for c in self.heap(s, pool).candidates(len, PLACEMENT_CANDIDATES) {
+        for c in self.streams[s as usize]
+            .large
+            .candidates(len, PLACEMENT_CANDIDATES)
+        {
             fits[n] = c;
             n += 1;
         }
@@ -703,7 +706,7 @@ impl Inner {
             }
         }
         let (_, addr, region) = best?;
-        self.heap(s, pool).take(addr, len);
+        self.streams[s as usize].large.take(addr, len);
         Some((addr, region))
     }
 
