@@ -185,8 +185,8 @@ fn a_failure_while_creating_a_slab_on_a_shared_page_changes_nothing() {
     let mut live = Vec::new();
     for i in 0..400u64 {
         let size = 512 + (i * 7919) % (300 << 10);
-        if let Ok(p) = arena.malloc(size, (i % 2) as u64) {
-            live.push((p, size, (i % 2) as u64));
+        if let Ok(p) = arena.malloc(size, i % 2) {
+            live.push((p, size, i % 2));
         }
         arena.check_consistency().unwrap();
         if i % 3 == 0
