@@ -1,8 +1,10 @@
 //! The arena of one device: how bytes are handed out.
 //!
-//! - Requests ≤ 1 MiB take a slot of a size class ([`size_class`]) in a slab of 1–4 pages
-//!   ([`slab`]). Each class fills its *current* slab, then the fullest partial slab, so emptier
-//!   slabs drain and their pages go back to the page pool.
+//! - Requests ≤ 1 MiB take a slot of a size class ([`size_class`]) in a slab ([`slab`]) of
+//!   whole 64 KiB chunks (from 64 KiB to 4 pages). Slabs of one stream pack next to each other in
+//!   its small-pool heap, so slabs of different classes share physical pages; a page stays mapped
+//!   while any slab on it lives. Each class fills its *current* slab, then the fullest partial
+//!   slab, so emptier slabs drain and dissolve, and a page whose last slab dissolves goes idle.
 //! - Larger requests take a 512-byte-granular block from a best-fit, coalescing heap of virtual
 //!   addresses ([`heap`]). Physical pages are mapped under a block only where none is mapped yet;
 //!   any free physical page can back any new range (stitching), so free memory is never stranded
@@ -30,7 +32,7 @@ mod slab;
 
 pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment};
 pub use report::*;
-pub use size_class::{MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
+pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -85,6 +87,10 @@ struct Region {
     /// A plain cuMemAlloc segment: always backed, released only whole.
     plain: bool,
     pages: Vec<PageSlot>,
+    /// Small pool only: the slab holding each 64 KiB chunk (`NO_SLAB` for none), indexed by
+    /// `(addr - base) / CHUNK`. Grown lazily to the highest chunk a slab has used, so it costs
+    /// 4 bytes per 64 KiB of the small pool's address high-water mark (64 B per 2 MiB page).
+    chunks: Vec<u32>,
     /// Pages with at least one user.
     in_use: u32,
     /// False once released (plain segments given back); its index stays reserved.
@@ -99,7 +105,6 @@ struct PageSlot {
     users: u32,
     /// Bytes of live large blocks inside this page.
     covered: u64,
-    slab: u32,
     /// While the page is mapped and unused: when it went idle, as a sequence number (0 = not
     /// idle). Its stream's fence must have passed this stamp before the page moves.
     idle_stamp: u64,
@@ -132,7 +137,6 @@ impl Default for PageSlot {
             phys: None,
             users: 0,
             covered: 0,
-            slab: NO_SLAB,
             idle_stamp: 0,
             idle_since: 0,
             idle_prev: PageRef::NONE,
@@ -521,7 +525,7 @@ impl Inner {
         let ptr = slab.take(size);
         let slot = slab.slot_size;
         if was.0 == 0 {
-            self.nonempty_slab_bytes += self.classes.get(ci).pages * self.page;
+            self.nonempty_slab_bytes += slab.span;
         }
         self.partial_slabs += partial(was.0 + 1, was.1) - partial(was.0, was.1);
         self.count_alloc(Pool::Small, size, slot);
@@ -570,22 +574,22 @@ impl Inner {
 
     fn create_slab(&mut self, s: u32, ci: usize, anywhere: bool) -> std::result::Result<u32, Miss> {
         let class = *self.classes.get(ci);
-        let span = class.pages * self.page;
+        let span = class.span;
         let (addr, region) = self.take_va(s, Pool::Small, span)?;
-        let first = ((addr - self.regions[region as usize].base) / self.page) as u32;
-        let pages = first..first + class.pages as u32;
-        // Count the pages as used first, so that backing them cannot reclaim one of them.
-        for p in pages.clone() {
+        let (first, last) = self.pages_of(region, addr, span);
+        // Count the pages as used first, so that backing them cannot reclaim one of them. Pages
+        // shared with live slabs are mapped already and just gain a user.
+        for p in first..=last {
             self.page_user_added(region, p);
         }
-        if let Err(e) = self.back_pages(region, first, class.pages as u32, anywhere) {
-            for p in pages {
+        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere) {
+            for p in first..=last {
                 self.page_user_removed(region, p);
             }
             self.streams[s as usize].small.free(addr, span, region);
             return Err(e);
         }
-        let slab = Slab::new(addr, ci as u16, class.size, class.slots, s, region, first);
+        let slab = Slab::new(addr, ci as u16, class.size, class.slots, s, region, span);
         let id = match self.free_slab_ids.pop() {
             Some(id) => {
                 self.slabs[id as usize] = slab;
@@ -596,25 +600,42 @@ impl Inner {
                 (self.slabs.len() - 1) as u32
             }
         };
-        for p in pages {
-            self.regions[region as usize].pages[p as usize].slab = id;
+        let r = &mut self.regions[region as usize];
+        let c0 = ((addr - r.base) / CHUNK) as usize;
+        let c1 = c0 + (span / CHUNK) as usize;
+        if r.chunks.len() < c1 {
+            // Grow to the next power of two (at most the region), so growth is amortised O(1).
+            let want = c1.next_power_of_two().min((r.len / CHUNK) as usize).max(c1);
+            r.chunks.resize(want, NO_SLAB);
         }
+        r.chunks[c0..c1].fill(id);
         Ok(id)
     }
 
-    /// An empty, non-current slab gives its pages and addresses back.
+    /// First and last page index of `[addr, addr + len)` in `region`.
+    #[inline]
+    fn pages_of(&self, region: u32, addr: u64, len: u64) -> (u32, u32) {
+        let base = self.regions[region as usize].base;
+        (
+            ((addr - base) / self.page) as u32,
+            ((addr + len - 1 - base) / self.page) as u32,
+        )
+    }
+
+    /// An empty, non-current slab gives its chunks back; a page it shared with no other live
+    /// slab goes idle.
     fn dissolve_slab(&mut self, id: u32) {
         let slab = &self.slabs[id as usize];
         debug_assert!(slab.is_empty() && slab.bucket.is_none());
-        let (region, first, base, s) = (slab.region, slab.first_page, slab.base, slab.stream);
-        let pages = self.classes.get(slab.class as usize).pages;
-        for p in first..first + pages as u32 {
-            self.regions[region as usize].pages[p as usize].slab = NO_SLAB;
+        let (region, base, span, s) = (slab.region, slab.base, slab.span, slab.stream);
+        let r = &mut self.regions[region as usize];
+        let c0 = ((base - r.base) / CHUNK) as usize;
+        r.chunks[c0..c0 + (span / CHUNK) as usize].fill(NO_SLAB);
+        let (first, last) = self.pages_of(region, base, span);
+        for p in first..=last {
             self.page_user_removed(region, p);
         }
-        self.streams[s as usize]
-            .small
-            .free(base, pages * self.page, region);
+        self.streams[s as usize].small.free(base, span, region);
         self.slabs[id as usize].slots = 0;
         self.free_slab_ids.push(id);
     }
@@ -742,6 +763,7 @@ impl Inner {
             pool,
             plain,
             pages,
+            chunks: Vec::new(),
             in_use: 0,
             live: true,
         });
@@ -1244,9 +1266,15 @@ impl Inner {
         self.stats.active_bytes.decrease(Pool::Small, size);
         let is_current = self.streams[s as usize].classes[ci].current == Some(id);
         if used == 1 {
-            self.nonempty_slab_bytes -= self.classes.get(ci).pages * self.page;
+            self.nonempty_slab_bytes -= self.slabs[id as usize].span;
         }
         if is_current {
+            // An emptied current slab of a page or more dissolves too: kept, it would hold a
+            // whole page for a class that may not come back.
+            if used == 1 && self.slabs[id as usize].span >= self.page {
+                self.streams[s as usize].classes[ci].current = None;
+                self.dissolve_slab(id);
+            }
             return;
         }
         if used == 1 {
@@ -1349,14 +1377,18 @@ impl Inner {
         }
     }
 
+    /// The slab holding `ptr` of small-pool `region`, if any: one chunk-map read.
+    #[inline]
+    fn slab_at(&self, region: u32, ptr: u64) -> Option<u32> {
+        let r = &self.regions[region as usize];
+        let id = *r.chunks.get(((ptr - r.base) / CHUNK) as usize)?;
+        (id != NO_SLAB).then_some(id)
+    }
+
     /// The live slab slot starting at `ptr`.
     #[inline]
     fn small_slot(&self, region: u32, ptr: u64) -> Option<(u32, usize)> {
-        let r = &self.regions[region as usize];
-        let id = r.pages[((ptr - r.base) / self.page) as usize].slab;
-        if id == NO_SLAB {
-            return None;
-        }
+        let id = self.slab_at(region, ptr)?;
         Some((id, self.slabs[id as usize].live_slot(ptr)?))
     }
 
@@ -1366,9 +1398,8 @@ impl Inner {
         let region = self.region_of(ptr)?;
         match self.regions[region as usize].pool {
             Pool::Small => {
-                let r = &self.regions[region as usize];
-                let id = r.pages[((ptr - r.base) / self.page) as usize].slab;
-                let slab = self.slabs.get(id as usize)?;
+                let id = self.slab_at(region, ptr)?;
+                let slab = &self.slabs[id as usize];
                 let slot = slab.slot_containing(ptr)?;
                 let base = slab.base + slot as u64 * slab.slot_size;
                 slab.live_slot(base)?;
@@ -1481,6 +1512,7 @@ impl Inner {
         self.dev.free_plain(base)?;
         self.regions[id as usize].live = false;
         self.regions[id as usize].pages = Vec::new();
+        self.regions[id as usize].chunks = Vec::new();
         self.region_by_addr.retain(|&(_, r)| r != id);
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, len as i64);
@@ -1664,11 +1696,12 @@ impl Inner {
             if dead.contains(&(id as u32)) {
                 continue;
             }
-            let pages = self.classes.get(slab.class as usize).pages as u32;
-            for p in slab.first_page..slab.first_page + pages {
+            let (first, last) = self.pages_of(slab.region, slab.base, slab.span);
+            for p in first..=last {
                 *users.entry((slab.region, p)).or_default() += 1;
             }
         }
+        self.check_slab_map(&dead)?;
         for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
             for (pi, slot) in r.pages.iter().enumerate() {
                 let want = users.get(&(ri as u32, pi as u32)).copied().unwrap_or(0);
@@ -1793,6 +1826,84 @@ impl Inner {
                 "reserved_bytes {} over the limit {}",
                 self.reserved(),
                 self.limit
+            ));
+        }
+        Ok(())
+    }
+
+    /// The chunk map and the live slabs agree: every chunk of a live slab maps to it, every
+    /// mapped chunk lies inside the live slab it names (so slabs never overlap), slab geometry
+    /// matches its class, and the bytes of non-empty slabs are as counted.
+    fn check_slab_map(
+        &self,
+        dead: &std::collections::HashSet<u32>,
+    ) -> std::result::Result<(), String> {
+        let mut nonempty = 0u64;
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            let class = self.classes.get(slab.class as usize);
+            let r = &self.regions[slab.region as usize];
+            if !r.live || r.pool != Pool::Small || r.stream != slab.stream {
+                return Err(format!(
+                    "slab {id} lies in region {} of another kind",
+                    slab.region
+                ));
+            }
+            if slab.span != class.span
+                || slab.slots != class.slots
+                || slab.slot_size != class.size
+                || !(slab.base - r.base).is_multiple_of(CHUNK)
+                || slab.base + slab.span > r.base + r.len
+            {
+                return Err(format!(
+                    "slab {id} at {:#x}: geometry out of step",
+                    slab.base
+                ));
+            }
+            let c0 = ((slab.base - r.base) / CHUNK) as usize;
+            for c in c0..c0 + (slab.span / CHUNK) as usize {
+                if r.chunks.get(c) != Some(&(id as u32)) {
+                    return Err(format!(
+                        "slab {id}: chunk {c} of region {} maps to {:?}",
+                        slab.region,
+                        r.chunks.get(c)
+                    ));
+                }
+            }
+            if slab.used > 0 {
+                nonempty += slab.span;
+            }
+        }
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            if r.pool != Pool::Small && !r.chunks.is_empty() {
+                return Err(format!("large-pool region {ri} has a chunk map"));
+            }
+            for (c, &id) in r
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, id)| **id != NO_SLAB)
+            {
+                let addr = r.base + c as u64 * CHUNK;
+                let ok = self.slabs.get(id as usize).is_some_and(|slab| {
+                    !dead.contains(&id)
+                        && slab.region == ri as u32
+                        && slab.base <= addr
+                        && addr < slab.base + slab.span
+                });
+                if !ok {
+                    return Err(format!(
+                        "region {ri} chunk {c} maps to slab {id}, which is not there"
+                    ));
+                }
+            }
+        }
+        if nonempty != self.nonempty_slab_bytes {
+            return Err(format!(
+                "non-empty slabs span {nonempty} bytes, {} counted",
+                self.nonempty_slab_bytes
             ));
         }
         Ok(())

@@ -8,7 +8,8 @@ use crate::device::DriverCounters;
 pub struct ClassOccupancy {
     /// Slot size in bytes.
     pub size: u64,
-    /// Slabs (one page each) currently carved into this class.
+    /// Slabs currently carved into this class. A slab spans whole 64 KiB chunks (its class's
+    /// `span`, 64 KiB to 4 pages), and slabs of several classes may share one physical page.
     pub slabs: u64,
     /// Slots holding a live allocation.
     pub used_slots: u64,

@@ -6,9 +6,13 @@
 //! 512 B per request up to 4 KiB, where PyTorch rounds the same way. Every class is a multiple of
 //! 512 B, so every slot is 512-byte aligned.
 //!
-//! A slab is `pages` contiguous physical pages carved into equal slots. The slab of each class
-//! spans the fewest pages (1 to 4) that keep its tail (the bytes no slot fits in) under 1/16 of
-//! the slab, so large classes do not lose a third of a page to the tail.
+//! A slab is a run of contiguous 64 KiB *chunks* carved into equal slots. Slabs need not fill a
+//! page: several slabs (of different classes, one stream) share a physical page, which stays
+//! mapped while any of them lives. The slab of each class spans at least `min(page, 8 slots)` and
+//! then the fewest chunks (up to 4 pages) that keep its tail (the bytes no slot fits in) under
+//! 1/16 of the slab. So a class with a handful of live tensors holds 64 KiB, not a whole 2 MiB
+//! page, while a class of 256 KiB or more still gets a slab of about a page (8 slots), so it does
+//! not create and dissolve slabs on every few allocations.
 
 /// Largest request served from a size class; larger ones go to page ranges.
 pub const MAX_SMALL: u64 = 1 << 20;
@@ -16,16 +20,21 @@ pub const MAX_SMALL: u64 = 1 << 20;
 /// Smallest unit of every size and alignment handed out.
 pub const MIN_BLOCK: u64 = 512;
 
+/// Granule of slab spans and of the arena's slab lookup map (one entry per chunk).
+pub const CHUNK: u64 = 64 << 10;
+
 const CLASSES_PER_DOUBLING: u64 = 8;
 const MAX_SLAB_PAGES: u64 = 4;
+/// A slab holds at least this many slots, unless that would exceed a page.
+const MIN_SLOTS: u64 = 8;
 
 /// One size class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SizeClass {
     /// Slot size in bytes (a multiple of 512).
     pub size: u64,
-    /// Pages per slab.
-    pub pages: u64,
+    /// Bytes per slab: a multiple of [`CHUNK`], at most 4 pages.
+    pub span: u64,
     /// Slots per slab.
     pub slots: u32,
 }
@@ -90,21 +99,25 @@ impl SizeClasses {
     }
 }
 
-/// The fewest pages (≤ 4) whose tail waste is under 1/16, else the best of 1..=4.
+/// From `min(page, MIN_SLOTS slots)` up, the fewest chunks (≤ 4 pages) whose tail waste is
+/// under 1/16, else the best of those.
 fn geometry(size: u64, page_size: u64) -> SizeClass {
-    let waste = |pages: u64| (pages * page_size) % size;
-    let pages = (1..=MAX_SLAB_PAGES)
-        .find(|&p| p * page_size >= size && waste(p) * 16 < p * page_size)
+    debug_assert!(page_size.is_multiple_of(CHUNK));
+    let waste = |chunks: u64| (chunks * CHUNK) % size;
+    let least = (MIN_SLOTS * size).min(page_size).div_ceil(CHUNK).max(1);
+    let most = MAX_SLAB_PAGES * page_size / CHUNK;
+    let chunks = (least..=most)
+        .find(|&c| c * CHUNK >= size && waste(c) * 16 < c * CHUNK)
         .unwrap_or_else(|| {
-            (1..=MAX_SLAB_PAGES)
-                .filter(|&p| p * page_size >= size)
+            (least..=most)
+                .filter(|&c| c * CHUNK >= size)
                 .min_by(|&a, &b| (waste(a) * b).cmp(&(waste(b) * a)))
                 .expect("a 1 MiB class always fits in 4 pages")
         });
     SizeClass {
         size,
-        pages,
-        slots: ((pages * page_size) / size) as u32,
+        span: chunks * CHUNK,
+        slots: ((chunks * CHUNK) / size) as u32,
     }
 }
 
@@ -141,13 +154,20 @@ mod tests {
         }
         for c in sc.iter() {
             assert_eq!(c.size % MIN_BLOCK, 0);
-            let slab = c.pages * PAGE;
+            let slab = c.span;
             assert!(
-                (slab % c.size) * 8 <= slab,
-                "class {} tail waste over 1/8",
+                (slab % c.size) * 16 < slab,
+                "class {} tail waste over 1/16",
                 c.size
             );
-            assert!(c.slots >= 2);
+            assert!(slab.is_multiple_of(CHUNK) && slab <= 4 * PAGE);
+            assert!(c.slots >= 2 && c.slots <= 4096);
+            assert!(
+                c.slots as u64 >= MIN_SLOTS || slab >= PAGE,
+                "class {} has {} slots in a sub-page slab",
+                c.size,
+                c.slots
+            );
         }
     }
 }

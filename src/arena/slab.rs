@@ -1,4 +1,5 @@
-//! A slab: `pages` contiguous pages of one stream carved into equal slots of one size class.
+//! A slab: `span` contiguous bytes (whole 64 KiB chunks, possibly sharing pages with other slabs of
+//! the same stream) carved into equal slots of one size class.
 //!
 //! Metadata is out of band (never in device memory): a bitmap of free slots with a summary word
 //! so the first free slot is found in two `trailing_zeros`, and the requested size of each live
@@ -9,14 +10,14 @@ const WORD: usize = 64;
 
 #[derive(Debug)]
 pub struct Slab {
-    /// First byte of the slab (page aligned).
+    /// First byte of the slab (chunk aligned).
     pub base: u64,
     pub class: u16,
     /// Index of the owning stream in the arena's stream table.
     pub stream: u32,
-    /// Region and first page index of the slab's pages.
+    /// Region of the slab, and its length in bytes (a multiple of the chunk).
     pub region: u32,
-    pub first_page: u32,
+    pub span: u64,
     pub slot_size: u64,
     pub slots: u32,
     pub used: u32,
@@ -39,7 +40,7 @@ impl Slab {
         slots: u32,
         stream: u32,
         region: u32,
-        first_page: u32,
+        span: u64,
     ) -> Slab {
         let words = (slots as usize).div_ceil(WORD);
         assert!(words <= 64, "a slab has at most 4096 slots");
@@ -58,7 +59,7 @@ impl Slab {
             class,
             stream,
             region,
-            first_page,
+            span,
             slot_size,
             slots,
             used: 0,
@@ -135,7 +136,7 @@ mod tests {
 
     #[test]
     fn take_and_give_back_every_slot() {
-        let mut s = Slab::new(1 << 21, 0, 512, 4096, 0, 0, 0);
+        let mut s = Slab::new(1 << 21, 0, 512, 4096, 0, 0, 2 << 20);
         let mut seen = std::collections::HashSet::new();
         for i in 0..4096 {
             let p = s.take(100 + i);
@@ -152,7 +153,7 @@ mod tests {
 
     #[test]
     fn odd_slot_counts_never_hand_out_past_the_end() {
-        let mut s = Slab::new(0, 0, 2304, 910, 0, 0, 0);
+        let mut s = Slab::new(0, 0, 2304, 910, 0, 0, 2 << 20);
         for _ in 0..910 {
             let p = s.take(1);
             assert!(p + 2304 <= 910 * 2304);
