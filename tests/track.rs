@@ -465,3 +465,27 @@ fn concurrent_threads_keep_the_table_exact() {
     let sum: u64 = live.iter().map(|(_, e)| e.size).sum();
     assert_eq!(sum as i64, stats.allocated_bytes.all().current);
 }
+
+#[test]
+fn tracked_block_sizes_are_the_arenas_own_whatever_the_slab_threshold() {
+    for extra in ["", ",slab_max_kb:64", ",slab_max_kb:4"] {
+        let a = arena(extra);
+        for size in [
+            1u64,
+            700,
+            5000,
+            70_000,
+            100 << 10,
+            1 << 20,
+            (1 << 20) + 1,
+            3 << 20,
+        ] {
+            let p = a.malloc(size as usize, 0, 0).unwrap();
+            let (_, block) = a.base_alloc(p).unwrap();
+            let e = a.tracker().entry(0, p).unwrap();
+            assert_eq!(e.size, block, "{extra:?}: request {size}");
+            assert_eq!(e.requested, size);
+            a.free(p, size as usize, 0, 0).unwrap();
+        }
+    }
+}

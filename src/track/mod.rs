@@ -294,6 +294,8 @@ pub struct Tracker {
     interner: Interner,
     symbols: Symbolizer,
     classes: SizeClasses,
+    /// Requests up to this size take slab slots (`slab_max_kb`), larger ones 512-byte blocks.
+    slab_max: u64,
     epoch_us: u64,
     history_on: AtomicBool,
     history_cap: AtomicU64,
@@ -313,7 +315,8 @@ impl Tracker {
     /// A tracker with the site settings of `conf` (`sites`, `sites_every`, `sites_min_kb`;
     /// `leaks:True` alone means Python sites).
     pub fn new(conf: &Config) -> Self {
-        let t = Self::build(true);
+        let mut t = Self::build(true);
+        t.slab_max = (conf.slab_max_kb << 10).min(MAX_SMALL);
         t.settings
             .mode
             .store(mode_bits(conf.effective_sites()), Ordering::Relaxed);
@@ -349,6 +352,7 @@ impl Tracker {
             interner: Interner::default(),
             symbols: Symbolizer::default(),
             classes: SizeClasses::new(2 << 20),
+            slab_max: MAX_SMALL,
             epoch_us: coarse_us(),
             history_on: AtomicBool::new(false),
             history_cap: AtomicU64::new(DEFAULT_HISTORY),
@@ -372,7 +376,7 @@ impl Tracker {
     /// The block size the arena gives a request of `size` bytes (> 0).
     #[inline]
     pub fn block_size(&self, size: u64) -> u64 {
-        if size <= MAX_SMALL {
+        if size <= self.slab_max {
             self.classes.get(self.classes.index_of(size)).size
         } else {
             size.div_ceil(MIN_BLOCK) * MIN_BLOCK
