@@ -722,23 +722,9 @@ fn print_table(rows: &[Vec<String>]) {
 // ---------------------------------------------------------------------------------------------
 // JSON, written by hand
 
-/// Escape `s` as the inside of a JSON string.
-fn json_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
+/// `s` as a JSON string literal, quotes included (the library's one escaper).
+fn json_string(s: &str) -> String {
+    torch_arena::track::json::string(s)
 }
 
 /// A JSON object built field by field, in order.
@@ -753,15 +739,14 @@ impl JsonObject {
         if self.0.len() > 1 {
             self.0.push_str(", ");
         }
-        self.0.push('"');
-        self.0.push_str(&json_escape(key));
-        self.0.push_str("\": ");
+        self.0.push_str(&json_string(key));
+        self.0.push_str(": ");
         self.0.push_str(value);
         self
     }
 
     fn str(&mut self, key: &str, value: &str) -> &mut Self {
-        self.raw(key, &format!("\"{}\"", json_escape(value)))
+        self.raw(key, &json_string(value))
     }
 
     fn num(&mut self, key: &str, value: u64) -> &mut Self {
@@ -2386,7 +2371,10 @@ mod tests {
 
     #[test]
     fn json_escapes() {
-        assert_eq!(json_escape("a\"b\\c\nd\u{1}é"), "a\\\"b\\\\c\\nd\\u0001é");
+        assert_eq!(
+            json_string("a\"b\\c\nd\u{1}é"),
+            "\"a\\\"b\\\\c\\nd\\u0001é\""
+        );
         let line = JsonObject::new()
             .str("k\"", "v\t\u{7f}\u{1f}")
             .float("nan", f64::NAN)

@@ -109,6 +109,81 @@ pub struct Trace {
     pub native: Option<NativeReserved>,
 }
 
+/// Turns a source's address-keyed allocs and frees into [`Event`]s with ids that never repeat
+/// (addresses are reused; ids are not). A free of an address that is not live was allocated
+/// before the window began: it is *seeded*, allocated before event 0 with the free's size, so a
+/// replay starts from the live set the source started with.
+#[derive(Default)]
+pub(crate) struct Window {
+    /// The window's events, in source order.
+    pub events: Vec<Event>,
+    /// Allocations live before the window (to replay first).
+    pub seeds: Vec<Event>,
+    /// Address → (id, requested bytes) of what is live now.
+    pub live: std::collections::HashMap<u64, (u64, u64)>,
+    next_id: u64,
+}
+
+impl Window {
+    fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id - 1
+    }
+
+    /// An allocation of `size` bytes at `addr`. An address already live replaces the older
+    /// block in the map: its free was lost, and it stays live for the rest of the trace.
+    pub fn alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: i64, site: u32) {
+        let id = self.next_id();
+        self.live.insert(addr, (id, size));
+        self.events.push(Event {
+            op: Op::Alloc,
+            id,
+            size,
+            stream,
+            time_us,
+            site,
+        });
+    }
+
+    /// The free of the allocation at `addr` (seeded first if the window never allocated it).
+    pub fn free(&mut self, addr: u64, size: u64, stream: u64, time_us: i64) {
+        let (id, size) = match self.live.remove(&addr) {
+            Some(x) => x,
+            None => (self.seed(size, stream), size),
+        };
+        self.events.push(Event {
+            op: Op::Free,
+            id,
+            size,
+            stream,
+            time_us,
+            site: 0,
+        });
+    }
+
+    /// A block live before the window; returns its id.
+    pub fn seed(&mut self, size: u64, stream: u64) -> u64 {
+        let id = self.next_id();
+        self.seeds.push(Event {
+            op: Op::Alloc,
+            id,
+            size,
+            stream,
+            time_us: 0,
+            site: 0,
+        });
+        id
+    }
+
+    /// The seeds, then the window: the events of a [`Trace`], and how many are seeds.
+    pub fn finish(self) -> (Vec<Event>, usize) {
+        let seeded = self.seeds.len();
+        let mut events = self.seeds;
+        events.extend(self.events);
+        (events, seeded)
+    }
+}
+
 impl Trace {
     /// Most requested bytes live at once, seeded live set included.
     pub fn peak_requested(&self) -> u64 {

@@ -15,9 +15,7 @@
 //!   (`log.csv (2 allocate failures not replayed)`).
 //! - RMM records no reserved bytes: [`Trace::native`] is `None`. Threads are not kept.
 
-use std::collections::HashMap;
-
-use super::{Event, Kind, Op, Source, Trace};
+use super::{Kind, Source, Trace, Window};
 use crate::error::{Error, Result};
 
 /// An `allocate failure` row: kept as a note, not replayed.
@@ -72,11 +70,8 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
     }
     let has_stream = cols.get(5) == Some(&"Stream");
 
-    let mut seeds: Vec<Event> = Vec::new();
-    let mut window: Vec<Event> = Vec::new();
+    let mut window = Window::default();
     let mut fails = Vec::new();
-    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
-    let mut next_id = 0u64;
     let mut t0: Option<i64> = None;
     let mut day = 0i64;
     let mut last = 0i64;
@@ -136,44 +131,8 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
             ))
         })?;
         match action {
-            "allocate" => {
-                live.insert(ptr, (next_id, size));
-                window.push(Event {
-                    op: Op::Alloc,
-                    id: next_id,
-                    size,
-                    stream,
-                    time_us,
-                    site: 0,
-                });
-                next_id += 1;
-            }
-            "free" => {
-                let (id, size) = match live.remove(&ptr) {
-                    Some(x) => x,
-                    None => {
-                        let id = next_id;
-                        next_id += 1;
-                        seeds.push(Event {
-                            op: Op::Alloc,
-                            id,
-                            size,
-                            stream,
-                            time_us: 0,
-                            site: 0,
-                        });
-                        (id, size)
-                    }
-                };
-                window.push(Event {
-                    op: Op::Free,
-                    id,
-                    size,
-                    stream,
-                    time_us,
-                    site: 0,
-                });
-            }
+            "allocate" => window.alloc(ptr, size, stream, time_us, 0),
+            "free" => window.free(ptr, size, stream, time_us),
             other => {
                 return Err(err(format!(
                     "action '{other}'; expected 'allocate', 'free' or 'allocate failure'"
@@ -181,9 +140,7 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
             }
         }
     }
-    let seeded = seeds.len();
-    let mut events = seeds;
-    events.extend(window);
+    let (events, seeded) = window.finish();
     let trace = Trace {
         name: name.to_string(),
         source: Source::RmmCsv,

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use super::pickle::Value;
-use super::{Event, Kind, NativeReserved, Op, Source, Trace};
+use super::{Event, Kind, NativeReserved, Op, Source, Trace, Window};
 use crate::error::{Error, Result};
 
 /// Read a snapshot pickle's bytes (already decompressed) into a trace of one device.
@@ -142,11 +142,7 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
         .unwrap_or(0.0);
 
     // Window events, with ids; seeds found on the way.
-    let mut window: Vec<Event> = Vec::with_capacity(entries.len());
-    let mut seeds: Vec<Event> = Vec::new();
-    // Address → (id, size) of allocations live in the window (seeded ones included).
-    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
-    let mut next_id: u64 = 0;
+    let mut window = Window::default();
     // (window event index, delta) of segment events, in order.
     let mut seg_deltas: Vec<(usize, i128)> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
@@ -170,84 +166,34 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
                     None => 0,
                 };
                 if action == "alloc" {
-                    let site = sites.top_frame(e);
-                    let id = next_id;
-                    next_id += 1;
                     // An alloc at a live address means its free was lost: the older block stays
                     // live for the rest of the trace (as the index's running sum counts it).
-                    live.insert(addr, (id, size));
-                    window.push(Event {
-                        op: Op::Alloc,
-                        id,
-                        size,
-                        stream,
-                        time_us,
-                        site,
-                    });
+                    window.alloc(addr, size, stream, time_us, sites.top_frame(e));
                 } else {
-                    let (id, size) = match live.remove(&addr) {
-                        Some(x) => x,
-                        None => {
-                            // Allocated before the window: seed it.
-                            let id = next_id;
-                            next_id += 1;
-                            seeds.push(Event {
-                                op: Op::Alloc,
-                                id,
-                                size,
-                                stream,
-                                time_us: 0,
-                                site: 0,
-                            });
-                            (id, size)
-                        }
-                    };
-                    window.push(Event {
-                        op: Op::Free,
-                        id,
-                        size,
-                        stream,
-                        time_us,
-                        site: 0,
-                    });
+                    window.free(addr, size, stream, time_us);
                 }
             }
             "segment_alloc" | "segment_map" => {
                 let size = uint(name, e, "size", &|| path(i))?;
-                seg_deltas.push((window.len(), size as i128));
+                seg_deltas.push((window.events.len(), size as i128));
             }
             "segment_free" | "segment_unmap" => {
                 let size = uint(name, e, "size", &|| path(i))?;
-                seg_deltas.push((window.len(), -(size as i128)));
+                seg_deltas.push((window.events.len(), -(size as i128)));
             }
             _ => {}
         }
     }
 
     // Blocks live at dump that the window did not allocate (or saw freed): seed them.
-    let mut window_live: HashMap<u64, ()> = HashMap::with_capacity(live.len());
-    for (&addr, _) in live.iter() {
-        window_live.insert(addr, ());
-    }
     for s in &dev_segs {
         for b in &s.live_blocks {
-            if !window_live.contains_key(&b.addr) {
-                seeds.push(Event {
-                    op: Op::Alloc,
-                    id: next_id,
-                    size: b.requested,
-                    stream: s.stream,
-                    time_us: 0,
-                    site: 0,
-                });
-                next_id += 1;
+            if !window.live.contains_key(&b.addr) {
+                window.seed(b.requested, s.stream);
             }
         }
     }
-
-    let seeded = seeds.len();
-    let mut events = seeds;
-    events.extend(window);
+    let (events, seeded) = window.finish();
 
     let net: i128 = seg_deltas.iter().map(|&(_, d)| d).sum();
     let (kind, native) = if seg_deltas.is_empty() {
