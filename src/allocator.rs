@@ -90,17 +90,21 @@ impl TorchArena {
         &self.conf
     }
 
-    /// The arena of `device`, opening the device on first use.
-    pub fn arena(&self, device: i32) -> Result<&Arena> {
-        let slot = usize::try_from(device)
+    /// The arena slot of `device` (opened or not), or an error for an ordinal out of range.
+    fn slot(&self, device: i32) -> Result<&OnceCell<Arena>> {
+        usize::try_from(device)
             .ok()
             .and_then(|d| self.arenas.get(d))
             .ok_or_else(|| {
                 Error::BadDevice(format!(
                     "device {device} is out of range: expected 0..{MAX_DEVICES}"
                 ))
-            })?;
-        slot.get_or_try_init(|| {
+            })
+    }
+
+    /// The arena of `device`, opening the device on first use.
+    pub fn arena(&self, device: i32) -> Result<&Arena> {
+        self.slot(device)?.get_or_try_init(|| {
             let dev = self.open_device(device)?;
             Arena::new(dev, &self.conf)
         })
@@ -282,15 +286,11 @@ impl TorchArena {
 
     /// The segments and blocks of `device` (empty when it was never opened).
     pub fn layout(&self, device: i32) -> Result<crate::arena::Layout> {
-        let slot = usize::try_from(device)
-            .ok()
-            .and_then(|d| self.arenas.get(d))
-            .ok_or_else(|| {
-                Error::BadDevice(format!(
-                    "device {device} is out of range: expected 0..{MAX_DEVICES}"
-                ))
-            })?;
-        Ok(slot.get().map(Arena::layout).unwrap_or_default())
+        Ok(self
+            .slot(device)?
+            .get()
+            .map(Arena::layout)
+            .unwrap_or_default())
     }
 
     /// Return empty slabs and cached ranges to the page pool, and say what was recovered.

@@ -293,6 +293,24 @@ def installed_conf() -> str:
     return os.environ.get("TORCH_ARENA_CONF", "")
 
 
+def conf_items(text: str) -> dict[str, str]:
+    """key -> value of a configuration text in PyTorch's allocator-conf grammar (TORCH_ARENA_CONF
+    or PYTORCH_CUDA_ALLOC_CONF): top level only, commas inside [...] do not split."""
+    items: dict[str, str] = {}
+    depth, start = 0, 0
+    for i, ch in enumerate(text + ","):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            key, _, value = text[start:i].partition(":")
+            if key.strip():
+                items[key.strip()] = value.strip()
+            start = i + 1
+    return items
+
+
 def check_config(conf: str) -> None:
     """Validate a configuration text without installing it; ValueError says what is wrong."""
     _check(_lib.torch_arena_check_config(conf.encode()), "torch_arena_check_config")

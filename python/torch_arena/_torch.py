@@ -276,22 +276,6 @@ def _cuda_initialised_error(detail: str = "") -> RuntimeError:
     )
 
 
-def _alloc_conf_keys(text: str) -> list[str]:
-    """The keys of a PYTORCH_CUDA_ALLOC_CONF text (commas inside [...] do not split)."""
-    keys, depth, start = [], 0, 0
-    for i, ch in enumerate(text + ","):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(0, depth - 1)
-        elif ch == "," and depth == 0:
-            key = text[start:i].split(":", 1)[0].strip()
-            if key:
-                keys.append(key)
-            start = i + 1
-    return keys
-
-
 def _enable_warnings(torch: Any) -> list[str]:
     """Messages for what can be seen at enable time that will not work, or no longer applies."""
     messages = []
@@ -304,7 +288,7 @@ def _enable_warnings(torch: Any) -> list[str]:
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         text = os.environ.get(var, "")
         # pinned_* options configure the pinned host allocator, which stays PyTorch's.
-        ignored = [key for key in _alloc_conf_keys(text) if not key.startswith("pinned_")]
+        ignored = [key for key in _native.conf_items(text) if not key.startswith("pinned_")]
         if ignored:
             messages.append(
                 f"{var}={text!r} no longer applies to CUDA memory ({', '.join(ignored)}): "

@@ -116,23 +116,6 @@ def format_size(n: float) -> str:
 # Configuration in force, as key -> value (from `_native.installed_conf()`).
 
 
-def _conf_items(text: str) -> dict[str, str]:
-    """key -> value of a TORCH_ARENA_CONF text (top level; commas inside [...] do not split)."""
-    items: dict[str, str] = {}
-    depth, start = 0, 0
-    for i, ch in enumerate(text + ","):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(0, depth - 1)
-        elif ch == "," and depth == 0:
-            key, _, value = text[start:i].partition(":")
-            if key.strip():
-                items[key.strip()] = value.strip()
-            start = i + 1
-    return items
-
-
 def _conf_int(items: dict[str, str], key: str, default: int) -> int:
     try:
         return int(items[key])
@@ -141,11 +124,11 @@ def _conf_int(items: dict[str, str], key: str, default: int) -> int:
 
 
 def _conf() -> dict[str, str]:
-    return _conf_items(_native.installed_conf())
+    return _native.conf_items(_native.installed_conf())
 
 
 def _leaks_configured(text: str | None = None) -> bool:
-    items = _conf_items(_native.installed_conf() if text is None else text)
+    items = _native.conf_items(_native.installed_conf() if text is None else text)
     return items.get("leaks", "False") == "True"
 
 

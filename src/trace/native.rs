@@ -274,20 +274,11 @@ impl<'a> Native<'a> {
             size < self.max_split() && remaining > SMALL_SIZE
         };
         if split {
-            let rest = self.new_block(Block {
-                ptr: b.ptr + size,
-                size: remaining,
-                state: State::Free,
-                prev: i,
-                next: b.next,
-                seg: b.seg,
-            });
-            if b.next != NONE {
-                self.blocks[b.next as usize].prev = rest;
-            }
-            let blk = &mut self.blocks[i as usize];
-            blk.next = rest;
-            blk.size = size;
+            debug_assert!(
+                b.state == State::Free,
+                "a block found in a free set is free"
+            );
+            let rest = self.split_off(i, size);
             self.pool_insert(rest);
         }
         let blk = &mut self.blocks[i as usize];
