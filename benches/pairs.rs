@@ -203,29 +203,8 @@ impl Mix {
     }
 }
 
-/// SplitMix64: small, fast, deterministic.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn new(seed: u64) -> SplitMix {
-        SplitMix(seed)
-    }
-
-    #[inline]
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (multiply-shift; the bias is negligible for these n).
-    #[inline]
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
-    }
-}
+/// SplitMix64, the library's (the synthetic traces draw from the same generator).
+use torch_arena::trace::synth::SplitMix;
 
 // ----- allocators under test --------------------------------------------------------------------
 
@@ -420,8 +399,7 @@ fn run<A: Allocator>(a: &A, p: Plan, probe: &dyn Fn() -> u64) -> Result<Measured
             let (barrier, failed, fail) = (&barrier, &failed, &fail);
             scope.spawn(move || {
                 let stream = t as u64 + 1;
-                let mut rng =
-                    SplitMix::new(SEED ^ (t as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
+                let mut rng = SplitMix(SEED ^ (t as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
                 let mut live: Vec<(u64, u64)> = Vec::with_capacity(per_thread);
                 barrier.wait();
                 for _ in 0..per_thread {

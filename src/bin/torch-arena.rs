@@ -249,7 +249,7 @@ impl<'a> ArgCursor<'a> {
         let hint = self
             .known
             .iter()
-            .map(|k| (edit_distance(name, k), *k))
+            .map(|k| (torch_arena::config::edit_distance(name, k), *k))
             .filter(|&(d, _)| d <= 2)
             .min_by_key(|&(d, _)| d)
             .map(|(_, k)| format!(" (did you mean '{k}'?)"))
@@ -259,21 +259,6 @@ impl<'a> ArgCursor<'a> {
             self.cmd, self.synopsis
         )
     }
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diag = row[0];
-        row[0] = i + 1;
-        for j in 0..b.len() {
-            let sub = diag + usize::from(ca != b[j]);
-            diag = row[j + 1];
-            row[j + 1] = sub.min(row[j] + 1).min(row[j + 1] + 1);
-        }
-    }
-    row[b.len()]
 }
 
 const SIZE_FORMS: &str = "a number and a unit: B, KiB, MiB, GiB, TiB (powers of 1024) or \

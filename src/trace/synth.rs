@@ -98,11 +98,15 @@ pub fn adversarial(capacity: u64) -> Trace {
     b2.finish(format!("adversarial-{}MiB", capacity / MIB))
 }
 
-/// SplitMix64: a small, fast, deterministic generator (no crate needed).
-struct SplitMix(u64);
+/// SplitMix64: a small, fast, deterministic generator (no crate needed), shared by the synthetic
+/// traces and the benchmarks so a seed means the same sequence everywhere.
+#[derive(Clone, Debug)]
+pub struct SplitMix(pub u64);
 
 impl SplitMix {
-    fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -111,8 +115,9 @@ impl SplitMix {
     }
 
     /// Uniform in `0..n` (n > 0), without modulo bias worth speaking of (128-bit multiply).
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
+    #[inline]
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 }
 
