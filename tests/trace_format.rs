@@ -47,6 +47,7 @@ fn sample() -> Trace {
             initial: 2 << 20,
             changes: vec![(1, 22 << 20), (6, 2 << 20)],
             peak: 24 << 20,
+            ..Default::default()
         }),
     }
 }

@@ -289,6 +289,7 @@ fn native_recorded_series_follows_the_trace() {
         initial: 0,
         changes: vec![(0, 2 * MIB), (3, 0)],
         peak: 2 * MIB,
+        ..Default::default()
     });
     let s = native::recorded_series(&t, 10).unwrap();
     assert_eq!(s.len(), 4);
@@ -507,4 +508,43 @@ fn native_emulation_matches_fresh_snapshots() {
         checked += 1;
     }
     assert_eq!(checked, 9);
+}
+
+/// Snapshots of torch ≥ 2.5 say which settings the native allocator ran with; the four traces
+/// recorded with `expandable_segments:True` import with it, and emulating them under it lands
+/// within 1 % of what they recorded (under the default rules it was up to 10 % off).
+#[test]
+fn native_settings_come_from_the_snapshot() {
+    let dir = shared_traces::traces_dir();
+    let mut checked = 0;
+    for f in shared_traces::indexed_files(&dir) {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("bolongcheng__") {
+            continue;
+        }
+        let t = torch_arena::trace::load(&f).expect(&name);
+        let n = t.native.as_ref().expect("snapshots record native reserved");
+        assert!(
+            n.expandable_segments,
+            "{name}: recorded with expandable_segments:True"
+        );
+        assert_eq!(
+            n.max_split_size, None,
+            "{name}: max_split_size -1 is unlimited"
+        );
+        let opts = NativeOptions {
+            expandable_segments: true,
+            ..NativeOptions::new(80 * GIB)
+        };
+        let r = native::simulate(&t, &opts);
+        let ratio = r.peak_reserved as f64 / n.peak as f64;
+        println!(
+            "{name}: recorded {} MiB, emulated {} MiB",
+            n.peak >> 20,
+            r.peak_reserved >> 20
+        );
+        assert!((0.99..=1.01).contains(&ratio), "{name}: ratio {ratio}");
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
 }

@@ -57,10 +57,11 @@ replay options:
                     repeat for a sweep: one replay per CONF (default: one, with the defaults).
                     The device is always the simulated one with --capacity (so no
                     sim_capacity_mb here)
-  --native          also emulate PyTorch's native caching allocator on each trace (default
-                    settings: no max_split_size, no expandable segments, 20 MiB large segments).
-                    What the native allocator recorded in the trace itself (PyTorch snapshots
-                    with segment events) is always shown
+  --native          also emulate PyTorch's native caching allocator on each trace, under the
+                    expandable_segments and max_split_size the snapshot recorded (torch >= 2.5),
+                    else PyTorch's defaults (no max_split_size, no expandable segments, 20 MiB
+                    large segments). What the native allocator recorded in the trace itself
+                    (PyTorch snapshots with segment events) is always shown
   --backing         back the simulated pages with host memory and check every live
                     allocation's bytes (slow: for small traces)
   --check           after every event, check that the stats are exact and that no live
@@ -945,12 +946,13 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
         None
     };
     let emulated = s.native.then(|| {
+        // Under the settings the trace was recorded with, where it says (snapshots of torch ≥ 2.5).
+        let recorded = trace.native.as_ref();
         let opts = NativeOptions {
-            capacity: s.capacity,
-            max_split_size: None,
-            expandable_segments: false,
-            large_segment_size: 20 << 20,
+            max_split_size: recorded.and_then(|n| n.max_split_size),
+            expandable_segments: recorded.is_some_and(|n| n.expandable_segments),
             series_points: points,
+            ..NativeOptions::new(s.capacity)
         };
         let start = Instant::now();
         let result = with_spinner(

@@ -88,6 +88,11 @@ pub struct NativeReserved {
     pub changes: Vec<(usize, u64)>,
     /// The most reserved at any point.
     pub peak: u64,
+    /// The native allocator's settings the source recorded (`allocator_settings` of a snapshot
+    /// from torch ≥ 2.5), so an emulation runs under the same rules; defaults otherwise.
+    pub expandable_segments: bool,
+    /// `max_split_size` in bytes, `None` = unlimited (PyTorch's default).
+    pub max_split_size: Option<u64>,
 }
 
 /// An allocation trace of one device, ready to replay.

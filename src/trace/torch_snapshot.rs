@@ -39,6 +39,24 @@ pub fn from_bytes(name: &str, data: &[u8]) -> Result<Trace> {
 /// Convert an unpickled snapshot into a trace of one device. `name` names the file in errors,
 /// which also give the key path of a malformed part (`device_traces[0][17]: 'size' missing`).
 pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
+    let mut trace = trace_of(name, v)?;
+    if let (Some(n), Some(settings)) = (trace.native.as_mut(), v.get("allocator_settings")) {
+        n.expandable_segments = settings
+            .get("expandable_segments")
+            .and_then(Value::as_int)
+            .is_some_and(|b| b != 0);
+        // -1 (or anything not positive) is "unlimited".
+        n.max_split_size = settings
+            .get("max_split_size")
+            .and_then(Value::as_int)
+            .filter(|&m| m > 0)
+            .map(|m| m as u64);
+    }
+    Ok(trace)
+}
+
+/// The trace of a snapshot, native settings left at their defaults.
+fn trace_of(name: &str, v: &Value) -> Result<Trace> {
     let (segments, traces) = match v {
         Value::Dict(_) => (v.get("segments"), v.get("device_traces")),
         // `torch.cuda.memory_snapshot()` pickled directly: just the segment list.
@@ -203,6 +221,7 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
                 initial: final_reserved,
                 changes: Vec::new(),
                 peak: final_reserved,
+                ..Default::default()
             },
         )
     } else {
@@ -230,6 +249,7 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
                 initial: initial as u64,
                 changes,
                 peak: peak as u64,
+                ..Default::default()
             },
         )
     };
@@ -279,6 +299,7 @@ fn state_only(
             initial: reserved,
             changes: Vec::new(),
             peak: reserved,
+            ..Default::default()
         }),
     }
 }
