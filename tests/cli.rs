@@ -478,3 +478,56 @@ fn synth_writes_a_trace_file() {
         assert_eq!(field(&stdout(&o), f), field(&stdout(&spec), f), "{f}");
     }
 }
+
+#[test]
+fn convert_writes_a_trace_that_replays_the_same() {
+    let dir = scratch("convert");
+    let rmm = dir.join("log.csv");
+    // An RMM log whose first free is of a block allocated before logging began (seeded).
+    std::fs::write(
+        &rmm,
+        "Thread,Time,Action,Pointer,Size,Stream\n\
+         1,10:00:00:000001,free,0x1000,4096,0x0\n\
+         1,10:00:00:000002,allocate,0x2000,1048576,0x0\n\
+         1,10:00:00:000003,allocate,0x3000,3145728,0x0\n\
+         1,10:00:00:000004,free,0x2000,1048576,0x0\n",
+    )
+    .unwrap();
+    let out = dir.join("log.trace.gz");
+    let o = torch_arena(&[
+        "convert",
+        rmm.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("5 events (1 seeded)"), "{}", stdout(&o));
+    let replay = |p: &PathBuf| {
+        let o = torch_arena(&["replay", "--json", p.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let line = stdout(&o);
+        let field = |k: &str| {
+            let at = line.find(&format!("\"{k}\": ")).expect(k) + k.len() + 4;
+            line[at..]
+                .split([',', '}'])
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        (
+            field("events"),
+            field("seeded_events"),
+            field("peak_requested_bytes"),
+            field("peak_reserved_bytes"),
+        )
+    };
+    assert_eq!(replay(&rmm), replay(&out));
+    // The seeded 4 KiB block is freed before the others are allocated.
+    assert_eq!(replay(&out).2, (1048576 + 3145728).to_string());
+    assert_usage_error(
+        &torch_arena(&["convert", rmm.to_str().unwrap()]),
+        &["-o FILE"],
+    );
+    assert_usage_error(&torch_arena(&["convert"]), &["which trace"]);
+}

@@ -37,6 +37,8 @@ commands:
                               calls, and where memory ran out
   synth KIND [options] -o FILE
                               write a synthetic trace in torch-arena's trace format
+  convert TRACE -o FILE       write any trace (a PyTorch snapshot, an RMM log, a synthetic
+                              trace) in torch-arena's trace format (gzipped if FILE ends in .gz)
   demo [options]              replay the training-loop trace the project ships against the
                               emulated native allocator, and explain the result
   help                        this text (also -h, --help, and COMMAND --help)
@@ -115,6 +117,7 @@ const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SI
 [--native] [--backing] [--check] [--json] [--plot FILE] [--progress | --no-progress]";
 const SYNTH_SYNOPSIS: &str = "usage: torch-arena synth adversarial [--capacity SIZE] -o FILE\n       \
 torch-arena synth rmm-random --n N --max SIZE [--seed S] -o FILE";
+const CONVERT_SYNOPSIS: &str = "usage: torch-arena convert TRACE -o FILE";
 const DEMO_SYNOPSIS: &str = "usage: torch-arena demo [--capacity SIZE] [--conf CONF] [--plot FILE] \
 [--progress | --no-progress]\n       torch-arena demo --model [--steps N] [--conf CONF]";
 
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay_command(&args[1..]),
         Some("synth") => synth_command(&args[1..]),
+        Some("convert") => convert_command(&args[1..]),
         Some("demo") => demo_command(&args[1..]),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
@@ -1618,6 +1622,49 @@ fn synth_command(args: &[String]) -> CliResult<u8> {
         "wrote {}: {} events, peak requested {}",
         out.display(),
         fmt_count(trace.events.len() as u64),
+        fmt_bytes(trace.peak_requested())
+    );
+    Ok(0)
+}
+
+/// `torch-arena convert TRACE -o FILE`.
+fn convert_command(args: &[String]) -> CliResult<u8> {
+    let mut cur = ArgCursor::new(args, "convert", CONVERT_SYNOPSIS, &["-o", "--output"]);
+    let (mut input, mut out) = (None, None);
+    while let Some(item) = cur.next_item() {
+        match item {
+            Item::Positional(p) if input.is_none() => input = Some(p),
+            Item::Positional(p) => {
+                return Err(format!(
+                    "convert: unexpected argument '{p}' (one TRACE only)\n{CONVERT_SYNOPSIS}"
+                ));
+            }
+            Item::Opt(name, inline) => match name.as_str() {
+                "-o" | "--output" => out = Some(PathBuf::from(cur.value(&name, inline)?)),
+                "-h" | "--help" => {
+                    print!("{USAGE}");
+                    return Ok(0);
+                }
+                _ => return Err(cur.unknown(&name)),
+            },
+        }
+    }
+    let Some(input) = input else {
+        return Err(format!("convert: which trace?\n{CONVERT_SYNOPSIS}"));
+    };
+    let Some(out) = out else {
+        return Err(format!(
+            "convert: -o FILE is required (where to write the trace)\n{CONVERT_SYNOPSIS}"
+        ));
+    };
+    let trace = TraceArg::parse(&input)?.load()?;
+    write_trace(&trace, &out)?;
+    println!(
+        "wrote {}: the {} trace {input}, {} events ({} seeded), peak requested {}",
+        out.display(),
+        trace.kind.as_str(),
+        fmt_count(trace.events.len() as u64),
+        fmt_count(trace.seeded as u64),
         fmt_bytes(trace.peak_requested())
     );
     Ok(0)
