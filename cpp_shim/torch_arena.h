@@ -345,7 +345,7 @@ size_t torch_arena_log_drain(char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
 uint64_t torch_arena_log_dropped(void) TORCH_ARENA_NOEXCEPT;
 
 /* ------------------------------------------------------------------------------------------
- * TRACKING: steps, tags, allocation sites, leak reports, snapshots (TRACK-CONTRACT.md has the
+ * TRACKING: steps, tags, allocation sites, leak reports, snapshots (docs/tracking-abi.md has the
  * JSON schemas; src/track/mod.rs the design).
  *
  * Every live allocation is tracked, always: block size, requested size, stream, thread (a small

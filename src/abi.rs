@@ -1151,7 +1151,7 @@ pub unsafe extern "C" fn torch_arena_set_sites(
     })
 }
 
-/// Live allocations of `device` as JSON (schema in TRACK-CONTRACT.md), snprintf style: the full
+/// Live allocations of `device` as JSON (schema in docs/tracking-abi.md), snprintf style: the full
 /// length is returned; 0 = failure (last error set).
 ///
 /// # Safety

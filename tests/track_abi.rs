@@ -1,4 +1,4 @@
-//! The tracking exports (TRACK-CONTRACT.md) called in-process, as the Python layer calls them:
+//! The tracking exports (docs/tracking-abi.md) called in-process, as the Python layer calls them:
 //! every JSON report parses, has the contract's keys, and escapes strings.
 
 use std::ffi::{CString, c_char, c_void};

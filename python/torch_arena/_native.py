@@ -556,7 +556,7 @@ def drain_logs() -> list[tuple[int, str, str]]:
 
 # ---------------------------------------------------------------------------------------------
 # Tracking: steps, tags, allocation sites, the live table, leaks, layout and history (issue 4).
-# The JSON schemas are those of TRACK-CONTRACT.md; each function returns the parsed JSON.
+# The JSON schemas are those of docs/tracking-abi.md; each function returns the parsed JSON.
 
 
 def has_track() -> bool:
