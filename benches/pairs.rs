@@ -948,22 +948,9 @@ fn track_line(r: &Row) -> Option<String> {
     Some(format!("    {} tracking: {}", r.label, cells.join(", ")))
 }
 
+/// `s` as a JSON string literal (the library's escaper).
 fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+    torch_arena::track::json::string(s)
 }
 
 fn spread_json(s: &Spread) -> String {
