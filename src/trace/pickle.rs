@@ -12,7 +12,6 @@
 //! a container is entered into the memo when it leaves the stack, complete.
 
 use std::io::Read;
-use std::path::Path;
 use std::rc::Rc;
 
 use crate::error::{Error, Result};
@@ -136,15 +135,6 @@ pub fn gunzip_if_gzip(name: &str, data: Vec<u8>) -> Result<Vec<u8>> {
         ))),
         Ok(_) => Ok(out),
     }
-}
-
-/// Read `path` (gzip-compressed or not) and unpickle it.
-pub fn load_file(path: &Path) -> Result<Value> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path)
-        .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
-    let data = gunzip_if_gzip(&name, data)?;
-    loads(&name, &data)
 }
 
 /// Unpickle `data` (already decompressed). `name` names the source in errors.

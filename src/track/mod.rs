@@ -508,11 +508,6 @@ impl Tracker {
         self.interner.intern(&frames).0
     }
 
-    /// Intern `frames` as a site (tests, and callers that capture themselves).
-    pub fn intern_site(&self, frames: &[Frame]) -> u32 {
-        self.interner.intern(frames).0
-    }
-
     /// The frames of site `id`.
     pub fn site_frames(&self, id: u32) -> Option<std::sync::Arc<[Frame]>> {
         self.interner.stack(id)
