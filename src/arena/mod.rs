@@ -59,6 +59,11 @@ const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
+/// Streams kept without question. Past this many, a new stream first retires streams that hold
+/// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
+/// to the pool, their reservations and page tables are given back).
+const STREAMS_KEPT: usize = 16;
+const STREAM_IDLE_REQUESTS: u64 = 256;
 
 /// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
 /// cache misses.
@@ -168,6 +173,32 @@ struct StreamState {
     /// does not cover ends the search: every later one is newer.
     idle_head: PageRef,
     idle_tail: PageRef,
+    /// The regions this stream owns (a handful).
+    regions: Vec<u32>,
+    /// When this stream last made a request (`Inner::tick`).
+    last_used: u64,
+    /// A slot given back by a stream that went idle, waiting for reuse.
+    retired: bool,
+}
+
+impl StreamState {
+    /// An empty slot: no heaps, no regions, no classes.
+    fn retired() -> StreamState {
+        StreamState {
+            id: 0,
+            small: Heap::new(),
+            large: Heap::new(),
+            classes: Vec::new(),
+            fence: None,
+            fence_seq: 0,
+            safe_seq: 0,
+            idle_head: PageRef::NONE,
+            idle_tail: PageRef::NONE,
+            regions: Vec::new(),
+            last_used: 0,
+            retired: true,
+        }
+    }
 }
 
 /// An allocation freed by the client whose memory other streams may still use.
@@ -191,6 +222,15 @@ impl Found {
             Found::Large => Pool::Large,
         }
     }
+}
+
+/// The steps of the out-of-memory ladder, in order: each frees more than the one before.
+#[derive(Clone, Copy)]
+enum Escalation {
+    /// Wait for every stream: pending frees finish and every idle page may move.
+    SynchronizeAll,
+    /// Release every cached page (and retire idle streams) to the driver.
+    ReleaseCached,
 }
 
 /// Why an attempt failed.
@@ -239,6 +279,8 @@ struct Inner {
     release_idle: Option<Duration>,
     /// Most bytes of physical memory we may hold.
     limit: u64,
+    /// The memory fraction the limit came from (1.0 unless one was set).
+    fraction: f64,
     /// Virtual bytes reserved per VMM region.
     region_len: u64,
     classes: SizeClasses,
@@ -246,7 +288,15 @@ struct Inner {
     slab_max: u64,
     streams: Vec<StreamState>,
     stream_index: IntMap<StreamId, u32>,
-    last_stream: (StreamId, u32),
+    /// The stream of the previous request and its index: a one-entry cache in front of
+    /// `stream_index` (an `Option`, so no stream handle, `(void*)-1` included, is a sentinel).
+    last_stream: Option<(StreamId, u32)>,
+    /// Stream slots given back by streams that went idle and empty, for reuse.
+    free_streams: Vec<u32>,
+    /// Region slots given back (reservations freed), for reuse.
+    free_regions: Vec<u32>,
+    /// Requests served so far: the clock of `StreamState::last_used`.
+    tick: u64,
     regions: Vec<Region>,
     /// `(base, region)` sorted by base, for pointer lookup.
     region_by_addr: Vec<(u64, u32)>,
@@ -304,12 +354,16 @@ impl Arena {
             release_idle: (conf.release_idle_ms > 0)
                 .then(|| Duration::from_millis(conf.release_idle_ms)),
             limit,
+            fraction: conf.memory_fraction,
             region_len,
             classes: SizeClasses::new(page),
             slab_max: (conf.slab_max_kb << 10).min(MAX_SMALL),
             streams: Vec::new(),
             stream_index: IntMap::default(),
-            last_stream: (u64::MAX, u32::MAX),
+            last_stream: None,
+            free_streams: Vec::new(),
+            free_regions: Vec::new(),
+            tick: 0,
             regions: Vec::new(),
             region_by_addr: Vec::new(),
             slabs: Vec::new(),
@@ -407,15 +461,14 @@ impl Arena {
     }
 
     /// Cap physical memory at `fraction` of the device. Cached pages above the new cap are
-    /// released; live memory is never touched.
+    /// released (pooled pages first, then idle mapped pages oldest first, once the GPU is done
+    /// with them, waiting for it if need be); live memory is never touched, so reserved memory can
+    /// stay above the cap only by what live allocations hold.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
         let mut g = self.inner.lock();
+        g.fraction = fraction;
         g.limit = limit_for(g.info.total_bytes, fraction, g.page);
-        while g.reserved() > g.limit {
-            let Some((page, _)) = g.pool.pop() else { break };
-            g.release_page(page)?;
-        }
-        Ok(())
+        g.trim_to_limit()
     }
 
     pub fn stats(&self) -> DeviceStats {
@@ -463,37 +516,79 @@ impl Inner {
             self.poll_pending();
         }
         let s = self.stream(stream)?;
+        // A request the limit cannot give even with every cached page moved fails here, before
+        // any driver call or host allocation proportional to it.
+        if !self.within_reach(size) {
+            return Err(self.out_of_memory(size));
+        }
+        let created = self.stats.num_device_alloc;
         match self.try_alloc(size, s, false) {
             Ok(p) => return Ok(p),
             Err(Miss::Device(e)) => return Err(e.into()),
             Err(Miss::NoMemory) => {}
         }
-        // Slow path: wait for every stream so pending frees finish and every idle page is safe
-        // to move, then try once more, taking pages from anywhere.
-        self.stats.num_alloc_retries += 1;
-        tracing::debug!(
-            device = self.info.ordinal,
-            size,
-            "allocation retried after waiting for every stream (pages moved from anywhere)"
-        );
-        self.synchronize_all()?;
-        match self.try_alloc(size, s, true) {
-            Ok(p) => Ok(p),
-            Err(Miss::Device(e)) => Err(e.into()),
-            Err(Miss::NoMemory) => {
-                // The driver may refuse pages we are allowed (another process holds them): give
-                // back what we cache and try a last time.
-                self.reclaim(true)?;
-                match self.try_alloc(size, s, true) {
-                    Ok(p) => Ok(p),
-                    Err(Miss::Device(e)) => Err(e.into()),
-                    Err(Miss::NoMemory) => {
-                        self.stats.num_ooms += 1;
-                        Err(Error::OutOfMemory(self.oom_message(size)))
-                    }
+        // The escalation ladder: each step frees more, then the request is tried again.
+        for step in [Escalation::SynchronizeAll, Escalation::ReleaseCached] {
+            match step {
+                // Wait for every stream so pending frees finish and every idle page is safe to
+                // move, then take pages from anywhere.
+                Escalation::SynchronizeAll => {
+                    self.stats.num_alloc_retries += 1;
+                    tracing::debug!(
+                        device = self.info.ordinal,
+                        size,
+                        "allocation retried after waiting for every stream (pages moved from anywhere)"
+                    );
+                    self.synchronize_all()?;
+                }
+                // The driver may refuse pages we are allowed (another process holds them, or the
+                // address space is spent): give back what we cache, idle streams included.
+                Escalation::ReleaseCached => {
+                    self.reclaim(true)?;
                 }
             }
+            // Releasing may have retired this very stream (it held nothing): look it up again.
+            let s = self.stream(stream)?;
+            match self.try_alloc(size, s, true) {
+                Ok(p) => return Ok(p),
+                Err(Miss::Device(e)) => return Err(e.into()),
+                Err(Miss::NoMemory) => {}
+            }
         }
+        // Pages created for this request and left in the pool go back: a failed request holds
+        // nothing it took for itself.
+        let mine = (self.stats.num_device_alloc - created).max(0) as usize;
+        for _ in 0..mine.min(self.pool.len()) {
+            let (page, _) = self.pool.pop().expect("counted");
+            if self.release_page(page).is_err() {
+                break;
+            }
+        }
+        Err(self.out_of_memory(size))
+    }
+
+    /// Whether a request of `size` bytes could be met within the limit if every cached page were
+    /// moved to it. Pages holding live data cannot move; a large block may share at most its first
+    /// and last page with them, so this errs on the side of trying by at most two pages. Small
+    /// requests always may (a slab slot may be free already).
+    fn within_reach(&self, size: u64) -> bool {
+        if size <= self.slab_max {
+            return true;
+        }
+        let Some(len) = size.checked_next_multiple_of(MIN_BLOCK) else {
+            return false;
+        };
+        let pinned =
+            self.in_use_pages[Pool::Small as usize] + self.in_use_pages[Pool::Large as usize];
+        let budget = (self.limit / self.page).saturating_sub(pinned);
+        // Only pages holding live data can be shared, and only the block's first and last.
+        len.div_ceil(self.page).saturating_sub(pinned.min(2)) <= budget
+    }
+
+    /// The out-of-memory error for a request of `size` bytes, counted.
+    fn out_of_memory(&mut self, size: u64) -> Error {
+        self.stats.num_ooms += 1;
+        Error::OutOfMemory(self.oom_message(size))
     }
 
     fn try_alloc(
@@ -754,19 +849,28 @@ impl Inner {
             self.stats.num_device_alloc += 1;
             (base, len, true)
         };
-        let id = self.regions.len() as u32;
-        let pages = vec![PageSlot::default(); (len / self.page) as usize];
-        self.regions.push(Region {
+        let region = Region {
             base,
             len,
             stream: s,
             pool,
             plain,
-            pages,
+            pages: vec![PageSlot::default(); (len / self.page) as usize],
             chunks: Vec::new(),
             in_use: 0,
             live: true,
-        });
+        };
+        let id = match self.free_regions.pop() {
+            Some(id) => {
+                self.regions[id as usize] = region;
+                id
+            }
+            None => {
+                self.regions.push(region);
+                (self.regions.len() - 1) as u32
+            }
+        };
+        self.streams[s as usize].regions.push(id);
         let at = self.region_by_addr.partition_point(|&(b, _)| b < base);
         self.region_by_addr.insert(at, (base, id));
         self.heap(s, pool).add_region(base, len, id);
@@ -1327,35 +1431,181 @@ impl Inner {
 
     // ----- lookups ----------------------------------------------------------------------------
 
-    /// Index of stream `id`, created on first use.
+    /// Index of stream `id`, created on first use (in a slot a retired stream gave back, if any).
     #[inline]
     fn stream(&mut self, id: StreamId) -> Result<u32> {
-        if self.last_stream.0 == id {
-            return Ok(self.last_stream.1);
+        self.tick += 1;
+        if let Some((last, s)) = self.last_stream
+            && last == id
+        {
+            self.streams[s as usize].last_used = self.tick;
+            return Ok(s);
         }
         let s = match self.stream_index.get(&id) {
             Some(&s) => s,
-            None => {
-                let s = self.streams.len() as u32;
-                self.streams.push(StreamState {
-                    id,
-                    small: Heap::new(),
-                    large: Heap::new(),
-                    classes: (0..self.classes.len())
-                        .map(|_| ClassState::default())
-                        .collect(),
-                    fence: None,
-                    fence_seq: 0,
-                    safe_seq: 0,
-                    idle_head: PageRef::NONE,
-                    idle_tail: PageRef::NONE,
-                });
-                self.stream_index.insert(id, s);
+            None => self.new_stream(id)?,
+        };
+        self.streams[s as usize].last_used = self.tick;
+        self.last_stream = Some((id, s));
+        Ok(s)
+    }
+
+    /// A stream seen for the first time. Past [`STREAMS_KEPT`] streams, streams that hold nothing
+    /// and were not used in the last [`STREAM_IDLE_REQUESTS`] requests are retired first, so host
+    /// memory and address space do not grow with the number of streams ever seen.
+    #[cold]
+    fn new_stream(&mut self, id: StreamId) -> Result<u32> {
+        if self.stream_index.len() >= STREAMS_KEPT {
+            let before = self.tick.saturating_sub(STREAM_IDLE_REQUESTS);
+            self.retire_idle_streams(false, before)?;
+        }
+        let state = StreamState {
+            id,
+            small: Heap::new(),
+            large: Heap::new(),
+            classes: (0..self.classes.len())
+                .map(|_| ClassState::default())
+                .collect(),
+            fence: None,
+            fence_seq: 0,
+            safe_seq: 0,
+            idle_head: PageRef::NONE,
+            idle_tail: PageRef::NONE,
+            regions: Vec::new(),
+            last_used: self.tick,
+            retired: false,
+        };
+        let s = match self.free_streams.pop() {
+            Some(s) => {
+                self.streams[s as usize] = state;
                 s
             }
+            None => {
+                self.streams.push(state);
+                (self.streams.len() - 1) as u32
+            }
         };
-        self.last_stream = (id, s);
+        self.stream_index.insert(id, s);
         Ok(s)
+    }
+
+    /// Retire every stream that holds no live, pending or cached-in-use memory and was last used
+    /// before request `before`: its empty current slabs dissolve, its idle pages go to the pool
+    /// (only once its fence proves the GPU done with them; with `block`, waiting for it), and its
+    /// reservations, page tables and heaps are given back. A stream still in use, or whose idle
+    /// pages the GPU may still read, is left as it is.
+    fn retire_idle_streams(&mut self, block: bool, before: u64) -> Result<u64> {
+        let mut retired = 0;
+        for s in 0..self.streams.len() as u32 {
+            let st = &self.streams[s as usize];
+            if st.retired || st.last_used > before {
+                continue;
+            }
+            if self.retire_stream(s, block)? {
+                retired += 1;
+            }
+        }
+        Ok(retired)
+    }
+
+    /// Retire stream `s` if it holds nothing; whether it was retired.
+    fn retire_stream(&mut self, s: u32, block: bool) -> Result<bool> {
+        let holds = |g: &Self| {
+            g.streams[s as usize]
+                .regions
+                .iter()
+                .any(|&r| g.regions[r as usize].in_use > 0)
+        };
+        if holds(self) && !self.streams[s as usize].regions.is_empty() {
+            // Only empty current slabs may still hold pages: dissolve them and look again.
+            for ci in 0..self.streams[s as usize].classes.len() {
+                let cs = &mut self.streams[s as usize].classes[ci];
+                if let Some(id) = cs.current
+                    && self.slabs[id as usize].is_empty()
+                {
+                    cs.current = None;
+                    self.dissolve_slab(id);
+                }
+            }
+            if holds(self) {
+                return Ok(false);
+            }
+        }
+        let tail = self.streams[s as usize].idle_tail;
+        if tail != PageRef::NONE {
+            let stamp = self.slot(tail).idle_stamp;
+            if !self.stream_done_with(s, stamp, block)? {
+                return Ok(false);
+            }
+        }
+        let now = Instant::now();
+        while self.streams[s as usize].idle_head != PageRef::NONE {
+            let page = self.unmap_idle(self.streams[s as usize].idle_head)?;
+            self.pool.push((page, now));
+        }
+        while let Some(&r) = self.streams[s as usize].regions.last() {
+            self.drop_region(r)?;
+        }
+        let st = &mut self.streams[s as usize];
+        if let Some(e) = st.fence.take() {
+            self.spare_events.push(e);
+        }
+        let id = st.id;
+        *st = StreamState::retired();
+        self.stream_index.remove(&id);
+        if self.last_stream.is_some_and(|(_, i)| i == s) {
+            self.last_stream = None;
+        }
+        self.free_streams.push(s);
+        tracing::debug!(
+            device = self.info.ordinal,
+            stream = id,
+            "idle stream retired"
+        );
+        Ok(true)
+    }
+
+    /// Give back an empty region of its stream: the reservation (or plain segment) to the driver,
+    /// its page table and chunk map to the allocator, its slot for reuse. On a driver error the
+    /// region stays as it was.
+    fn drop_region(&mut self, id: u32) -> Result<()> {
+        let r = &self.regions[id as usize];
+        debug_assert!(r.in_use == 0 && r.pages.iter().all(|p| p.phys.is_none() || r.plain));
+        let (base, len, s, pool, plain) = (r.base, r.len, r.stream, r.pool, r.plain);
+        if plain {
+            self.release_plain(id)?;
+            if self.regions[id as usize].live {
+                return Err(internal(format!(
+                    "region {id} of stream {s} could not be given back: it still holds blocks"
+                )));
+            }
+        } else {
+            if !self.heap(s, pool).remove_region(base, len) {
+                return Err(internal(format!(
+                    "region {id} of stream {s} is not wholly free in its heap"
+                )));
+            }
+            if let Err(e) = self.dev.free_address(base, len) {
+                self.heap(s, pool).add_region(base, len, id);
+                return Err(e.into());
+            }
+            self.forget_region(id);
+            self.streams[s as usize].regions.retain(|&r| r != id);
+            self.free_regions.push(id);
+        }
+        Ok(())
+    }
+
+    /// Mark region `id` gone: no pages, no chunk map, not found by address.
+    fn forget_region(&mut self, id: u32) {
+        let r = &mut self.regions[id as usize];
+        r.live = false;
+        r.pages = Vec::new();
+        r.chunks = Vec::new();
+        let base = r.base;
+        if let Ok(at) = self.region_by_addr.binary_search(&(base, id)) {
+            self.region_by_addr.remove(at);
+        }
     }
 
     #[inline]
@@ -1443,7 +1693,8 @@ impl Inner {
         self.synchronize_all()?;
         let mut report = ReclaimReport::default();
         for s in 0..self.streams.len() {
-            for ci in 0..self.classes.len() {
+            // A retired stream's slot has no classes.
+            for ci in 0..self.streams[s].classes.len() {
                 let cs = &mut self.streams[s].classes[ci];
                 if let Some(id) = cs.current
                     && self.slabs[id as usize].is_empty()
@@ -1479,6 +1730,9 @@ impl Inner {
                     self.release_plain(id)?;
                 }
             }
+            // Streams left holding nothing give back their reservations and page tables too
+            // (their idle pages were unmapped above).
+            self.retire_idle_streams(true, u64::MAX)?;
         }
         self.update_inactive_split(Pool::Small);
         self.update_inactive_split(Pool::Large);
@@ -1500,7 +1754,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Give a plain segment with no live block back to the driver.
+    /// Give a plain segment with no live block back to the driver. If the driver refuses, the
+    /// segment stays whole in its stream's heap, still counted, so a later trim can try again.
     fn release_plain(&mut self, id: u32) -> Result<()> {
         let (base, len, s, pool) = {
             let r = &self.regions[id as usize];
@@ -1509,14 +1764,53 @@ impl Inner {
         if !self.heap(s, pool).remove_region(base, len) {
             return Ok(());
         }
-        self.dev.free_plain(base)?;
-        self.regions[id as usize].live = false;
-        self.regions[id as usize].pages = Vec::new();
-        self.regions[id as usize].chunks = Vec::new();
-        self.region_by_addr.retain(|&(_, r)| r != id);
+        if let Err(e) = self.dev.free_plain(base) {
+            self.heap(s, pool).add_region(base, len, id);
+            return Err(e.into());
+        }
+        self.forget_region(id);
+        self.streams[s as usize].regions.retain(|&r| r != id);
+        self.free_regions.push(id);
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, len as i64);
         self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Release cached pages until reserved memory is within the limit: the pool first, then idle
+    /// mapped pages (each once its stream is done with it, waiting if need be), then empty plain
+    /// segments.
+    fn trim_to_limit(&mut self) -> Result<()> {
+        while self.reserved() > self.limit {
+            if let Some((page, _)) = self.pool.pop() {
+                self.release_page(page)?;
+                continue;
+            }
+            let idle = (0..self.streams.len() as u32)
+                .find(|&s| self.streams[s as usize].idle_head != PageRef::NONE);
+            if let Some(s) = idle {
+                let at = self.streams[s as usize].idle_head;
+                self.stream_done_with(s, self.slot(at).idle_stamp, true)?;
+                let page = self.unmap_idle(at)?;
+                self.release_page(page)?;
+                continue;
+            }
+            let empty = (0..self.regions.len() as u32).find(|&r| {
+                let r = &self.regions[r as usize];
+                r.plain && r.live && r.in_use == 0
+            });
+            match empty {
+                Some(r) => {
+                    self.release_plain(r)?;
+                    if self.regions[r as usize].live {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        self.update_inactive_split(Pool::Small);
+        self.update_inactive_split(Pool::Large);
         Ok(())
     }
 
@@ -1566,12 +1860,13 @@ impl Inner {
         self.stats.reserved_bytes.all().current as u64
     }
 
+    /// Pages mapped under slabs count as small-pool segments, all others as large: a page moving
+    /// between them moves between the pools, but the device-wide totals (`all`) are unchanged, so
+    /// one page created counts as one segment allocated however often it moves.
     fn move_reserved(&mut self, from: Pool, to: Pool, pages: u64) {
         let bytes = (pages * self.page) as i64;
-        self.stats.segment.decrease(from, pages as i64);
-        self.stats.reserved_bytes.decrease(from, bytes);
-        self.stats.segment.increase(to, pages as i64);
-        self.stats.reserved_bytes.increase(to, bytes);
+        self.stats.segment.transfer(from, to, pages as i64);
+        self.stats.reserved_bytes.transfer(from, to, bytes);
     }
 
     /// Free bytes held inside pages (or slabs) that also hold live data, and how many such units.
@@ -1645,7 +1940,7 @@ impl Inner {
         let idle = self.idle_len * self.page;
         let pooled = self.pool.len() as u64 * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
-        let allowed = if self.limit < total {
+        let allowed = if self.fraction < 1.0 {
             format!(
                 " Of the allowed {} (memory fraction),",
                 format_size(self.limit)
@@ -1702,6 +1997,7 @@ impl Inner {
             }
         }
         self.check_slab_map(&dead)?;
+        self.check_stream_regions()?;
         for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
             for (pi, slot) in r.pages.iter().enumerate() {
                 let want = users.get(&(ri as u32, pi as u32)).copied().unwrap_or(0);
@@ -1831,6 +2127,45 @@ impl Inner {
         Ok(())
     }
 
+    /// Every live region is listed by its stream, which is not retired; every listed region is
+    /// live and owned by the stream listing it; retired slots hold nothing and are not indexed.
+    fn check_stream_regions(&self) -> std::result::Result<(), String> {
+        for (si, st) in self.streams.iter().enumerate() {
+            if st.retired {
+                if !st.regions.is_empty() || st.idle_head != PageRef::NONE {
+                    return Err(format!(
+                        "retired stream slot {si} still holds regions or pages"
+                    ));
+                }
+                if self.stream_index.values().any(|&s| s as usize == si) {
+                    return Err(format!("retired stream slot {si} is still indexed"));
+                }
+                continue;
+            }
+            if self.stream_index.get(&st.id) != Some(&(si as u32)) {
+                return Err(format!("stream slot {si} ({:#x}) is not indexed", st.id));
+            }
+            for &r in &st.regions {
+                let reg = &self.regions[r as usize];
+                if !reg.live || reg.stream != si as u32 {
+                    return Err(format!(
+                        "stream {si} lists region {r}, which is not its own"
+                    ));
+                }
+            }
+        }
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            let st = &self.streams[r.stream as usize];
+            if st.retired || !st.regions.contains(&(ri as u32)) {
+                return Err(format!(
+                    "region {ri} is not listed by its stream {}",
+                    r.stream
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The chunk map and the live slabs agree: every chunk of a live slab maps to it, every
     /// mapped chunk lies inside the live slab it names (so slabs never overlap), slab geometry
     /// matches its class, and the bytes of non-empty slabs are as counted.
@@ -1908,6 +2243,13 @@ impl Inner {
         }
         Ok(())
     }
+}
+
+/// An arena state that should be impossible, reported rather than panicked on.
+fn internal(what: String) -> Error {
+    Error::Device(DeviceError::Misuse(format!(
+        "torch-arena internal error: {what}"
+    )))
 }
 
 #[inline]

@@ -67,6 +67,14 @@ impl StatArray {
         self.0[pool as usize].decrease(n);
     }
 
+    /// `n` moves from pool `from` to pool `to`: each pool counts it as freed and allocated, the
+    /// aggregate not at all (it neither grew nor shrank).
+    #[inline]
+    pub fn transfer(&mut self, from: Pool, to: Pool, n: i64) {
+        self.0[from as usize].decrease(n);
+        self.0[to as usize].increase(n);
+    }
+
     pub fn all(&self) -> &Stat {
         &self.0[0]
     }
