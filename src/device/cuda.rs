@@ -715,7 +715,8 @@ impl Device for CudaDevice {
         bump(&self.counters.address_reserve);
         // SAFETY: plain driver call.
         let rc = unsafe { (v.address_reserve)(&mut va, size as usize, align as usize, 0, 0) };
-        self.drv.check("cuMemAddressReserve", rc)?;
+        // Address space spent is out of memory to the caller, as for cuMemCreate.
+        self.drv.check_alloc("cuMemAddressReserve", rc)?;
         Ok(va)
     }
 

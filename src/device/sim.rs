@@ -73,7 +73,8 @@ impl SimConfig {
     pub fn from_conf(conf: &Config, ordinal: i32) -> SimConfig {
         SimConfig {
             ordinal,
-            capacity: conf.sim_capacity_mb << 20,
+            // At most 1 PiB (the parser's bound), so this cannot wrap.
+            capacity: conf.sim_capacity_mb.saturating_mul(1 << 20),
             granularity: conf.sim_granularity_kb << 10,
             backing: conf.sim_backing,
             vmm: conf.sim_vmm,
@@ -95,7 +96,8 @@ impl SimConfig {
 /// The kinds of call whose failure can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SimCall {
-    /// `reserve` (cuMemAddressReserve): fails with `Driver { code: 2 }`.
+    /// `reserve` (cuMemAddressReserve): fails with `OutOfMemory` (address space spent; the cuda
+    /// device reports CUDA_ERROR_OUT_OF_MEMORY from this call the same way).
     Reserve,
     /// `create_page` (cuMemCreate): fails with `OutOfMemory`.
     Create,
@@ -107,10 +109,12 @@ pub enum SimCall {
     AllocPlain,
     /// `create_event` (cuEventCreate): fails with `Driver { code: 2 }`.
     EventCreate,
+    /// `free_plain` (cuMemFree): fails with `Driver { code: 999 }`; the allocation stays live.
+    FreePlain,
 }
 
 impl SimCall {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 
     fn index(self) -> usize {
         self as usize
@@ -124,11 +128,11 @@ impl SimCall {
             message: "injected failure".to_string(),
         };
         match self {
-            SimCall::Reserve => driver("cuMemAddressReserve", CUDA_ERROR_OUT_OF_MEMORY),
-            SimCall::Create | SimCall::AllocPlain => DeviceError::OutOfMemory,
+            SimCall::Reserve | SimCall::Create | SimCall::AllocPlain => DeviceError::OutOfMemory,
             SimCall::Map => driver("cuMemMap", CUDA_ERROR_UNKNOWN),
             SimCall::SetAccess => driver("cuMemSetAccess", CUDA_ERROR_UNKNOWN),
             SimCall::EventCreate => driver("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY),
+            SimCall::FreePlain => driver("cuMemFree", CUDA_ERROR_UNKNOWN),
         }
     }
 }
@@ -457,11 +461,8 @@ impl State {
         let start = self.next_fake_va.div_ceil(align).checked_mul(align);
         let range = start.and_then(|s| Some((s, s.checked_add(size)?)));
         let Some((start, end)) = range else {
-            return Err(DeviceError::Driver {
-                call: "cuMemAddressReserve",
-                code: CUDA_ERROR_OUT_OF_MEMORY,
-                message: "simulated address space exhausted".to_string(),
-            });
+            // The simulated address space is spent: CUDA_ERROR_OUT_OF_MEMORY, as the driver says.
+            return Err(DeviceError::OutOfMemory);
         };
         self.next_fake_va = end;
         Ok(start)
@@ -810,8 +811,8 @@ impl Device for SimDevice {
         }
         let align = align.max(g);
         let va = if s.backing.is_some() {
-            host_map_aligned(size, align, libc::PROT_NONE)
-                .ok_or_else(|| host_error("cuMemAddressReserve", "mmap of the reservation"))?
+            // Host address space spent: CUDA_ERROR_OUT_OF_MEMORY, as the driver says.
+            host_map_aligned(size, align, libc::PROT_NONE).ok_or(DeviceError::OutOfMemory)?
         } else {
             s.fake_range(size, align)?
         };
@@ -1077,6 +1078,10 @@ impl Device for SimDevice {
     fn free_plain(&self, ptr: DevPtr) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.mem_free += 1;
+        let n = s.faults.begin(SimCall::FreePlain);
+        if s.faults.fails(SimCall::FreePlain, n) {
+            return Err(SimCall::FreePlain.injected_error());
+        }
         let Some(&size) = s.plain.get(&ptr) else {
             return Err(misuse(format!(
                 "cuMemFree of {ptr:#x}: not a live plain allocation"
