@@ -77,8 +77,7 @@ impl TorchArena {
 
     /// An allocator configured from `TORCH_ARENA_CONF` (empty or unset: defaults).
     pub fn from_env() -> Result<Self> {
-        let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
-        Self::try_new(Config::parse(&text)?)
+        Self::try_new(Config::parse(&conf_from_env()?)?)
     }
 
     /// The trace recorder (`trace:PATH`), if recording.
@@ -248,7 +247,8 @@ impl TorchArena {
     pub fn set_memory_fraction(&self, fraction: f64, device: i32) -> Result<()> {
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(Error::Config(format!(
-                "memory fraction {fraction} for device {device} is invalid: expected a number in (0, 1]"
+                "memory fraction {} for device {device} is invalid: expected a number in (0, 1]",
+                crate::config::show_fraction(fraction)
             )));
         }
         self.arena(device)?.set_memory_fraction(fraction)
@@ -296,6 +296,20 @@ impl TorchArena {
     /// Return empty slabs and cached ranges to the page pool, and say what was recovered.
     pub fn defragment(&self, device: i32) -> Result<ReclaimReport> {
         self.arena(device)?.defragment()
+    }
+}
+
+/// The text of `TORCH_ARENA_CONF` ("" when unset). Text that is not UTF-8 is an error, not an
+/// empty configuration: defaults silently applied would hide the user's settings.
+pub fn conf_from_env() -> Result<String> {
+    match std::env::var("TORCH_ARENA_CONF") {
+        Ok(text) => Ok(text),
+        Err(std::env::VarError::NotPresent) => Ok(String::new()),
+        Err(std::env::VarError::NotUnicode(raw)) => Err(Error::Config(format!(
+            "TORCH_ARENA_CONF is not valid UTF-8 ({}): settings are ASCII key:value pairs, such \
+             as stitch:False,memory_fraction:0.5",
+            crate::config::clip(&raw.to_string_lossy())
+        ))),
     }
 }
 

@@ -189,6 +189,37 @@ fn show_bool(b: bool) -> String {
 }
 
 /// A plain decimal integer: digits only (no sign, no underscores, no exponent).
+/// Largest simulated device: 1 PiB, so capacities in bytes never wrap.
+pub const MAX_SIM_CAPACITY_MB: u64 = 1 << 30;
+/// Largest physical page: 1 GiB.
+pub const MAX_PAGE_SIZE_MB: u64 = 1024;
+/// CUDA's allocation granularity for device memory on every NVIDIA GPU that supports VMM.
+pub const CUDA_GRANULARITY_MB: u64 = 2;
+/// Longest piece of user text an error message repeats.
+const ECHO_MAX: usize = 80;
+
+/// `text` as an error message repeats it: at most [`ECHO_MAX`] bytes, then how long it was.
+pub fn clip(text: &str) -> String {
+    if text.len() <= ECHO_MAX {
+        return text.to_string();
+    }
+    let mut n = ECHO_MAX;
+    while !text.is_char_boundary(n) {
+        n -= 1;
+    }
+    format!("{}... ({} bytes in all)", &text[..n], text.len())
+}
+
+/// A fraction as a person reads it: `0.25`, `1`, and `1e-300` rather than 300 digits.
+pub fn show_fraction(f: f64) -> String {
+    let plain = f.to_string();
+    if plain.len() <= 12 {
+        plain
+    } else {
+        format!("{f:e}")
+    }
+}
+
 fn parse_uint(v: &str) -> Option<u64> {
     if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -215,10 +246,12 @@ const KEY_DEFS: [KeyDef; 18] = [
     },
     KeyDef {
         name: "sim_capacity_mb",
-        help: "capacity of each simulated device in MiB, an integer >= 1 (default 81920)",
-        forms: "an integer >= 1 (MiB)",
+        help: "capacity of each simulated device in MiB, an integer from 1 to 1073741824 \
+               (1 PiB) (default 81920)",
+        forms: "an integer from 1 to 1073741824 (MiB)",
         set: |c, v| {
-            c.sim_capacity_mb = parse_uint(v).filter(|&n| n >= 1)?;
+            c.sim_capacity_mb =
+                parse_uint(v).filter(|&n| (1..=MAX_SIM_CAPACITY_MB).contains(&n))?;
             Some(())
         },
         show: |c| c.sim_capacity_mb.to_string(),
@@ -265,11 +298,12 @@ const KEY_DEFS: [KeyDef; 18] = [
     },
     KeyDef {
         name: "page_size_mb",
-        help: "physical page size in MiB, an integer >= 1 and a multiple of the device's \
-               granularity (default 2)",
-        forms: "an integer >= 1 (MiB)",
+        help: "physical page size in MiB, an integer from 1 to 1024 and a multiple of the \
+               device's granularity: 2 MiB on every CUDA GPU, sim_granularity_kb on the \
+               simulated one (default 2)",
+        forms: "an integer from 1 to 1024 (MiB), a multiple of the granularity (2 on CUDA GPUs)",
         set: |c, v| {
-            c.page_size_mb = parse_uint(v).filter(|&n| n >= 1)?;
+            c.page_size_mb = parse_uint(v).filter(|&n| (1..=MAX_PAGE_SIZE_MB).contains(&n))?;
             Some(())
         },
         show: |c| c.page_size_mb.to_string(),
@@ -312,7 +346,7 @@ const KEY_DEFS: [KeyDef; 18] = [
                 .filter(|f| numeric && *f > 0.0 && *f <= 1.0)?;
             Some(())
         },
-        show: |c| c.memory_fraction.to_string(),
+        show: |c| show_fraction(c.memory_fraction),
     },
     KeyDef {
         name: "slab_max_kb",
@@ -629,7 +663,7 @@ impl Parser<'_> {
 /// ` (after key:value)` naming the last good entry, to place an error that has no key of its own.
 fn after_key(last: Option<&(String, Value)>) -> String {
     match last {
-        Some((k, v)) => format!(" (after {k}:{})", v.text()),
+        Some((k, v)) => format!(" (after {}:{})", clip(k), clip(v.text())),
         None => String::new(),
     }
 }
@@ -686,34 +720,64 @@ impl Config {
                     .unwrap_or_default();
                 let names: Vec<&str> = KEY_DEFS.iter().map(|d| d.name).collect();
                 return Err(parser.err(format_args!(
-                    "unknown key '{key}'{hint}; accepted keys: {}",
+                    "unknown key '{}'{hint}; accepted keys: {}",
+                    clip(key),
                     names.join(", ")
                 )));
             };
             if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
                 return Err(parser.err(format_args!(
-                    "duplicate key '{key}': given as '{first}' and again as '{}'; give each key once",
-                    value.text()
+                    "duplicate key '{key}': given as '{}' and again as '{}'; give each key once",
+                    clip(first),
+                    clip(value.text())
                 )));
             }
             seen.push((key, value.text()));
             match value {
                 Value::Scalar(v) => (def.set)(&mut conf, v).ok_or_else(|| {
                     parser.err(format_args!(
-                        "bad value '{v}' for key '{key}': expected {}",
+                        "bad value '{}' for key '{key}': expected {}",
+                        clip(v),
                         def.forms
                     ))
                 })?,
                 Value::List(v) => {
                     return Err(parser.err(format_args!(
-                        "bad value '{v}' for key '{key}': '{key}' takes a single value, not a \
+                        "bad value '{}' for key '{key}': '{key}' takes a single value, not a \
                          list; expected {}",
+                        clip(v),
                         def.forms
                     )));
                 }
             }
         }
+        conf.check_page_size().map_err(|m| parser.err(m))?;
         Ok(conf)
+    }
+
+    /// The page size must be a multiple of the device's granularity, known from the settings
+    /// alone: 2 MiB on CUDA GPUs, `sim_granularity_kb` on the simulated one. Checked here so a
+    /// bad value fails when the allocator is installed, not at the first allocation.
+    fn check_page_size(&self) -> std::result::Result<(), String> {
+        let (granularity_kb, what) = match self.device {
+            DeviceKind::Cuda => (
+                CUDA_GRANULARITY_MB << 10,
+                "CUDA GPUs allocate in 2 MiB units",
+            ),
+            DeviceKind::Sim => (
+                self.sim_granularity_kb,
+                "the simulated device's granularity is sim_granularity_kb",
+            ),
+        };
+        if !(self.page_size_mb << 10).is_multiple_of(granularity_kb) {
+            return Err(format!(
+                "page_size_mb:{} is not a multiple of the allocation granularity ({granularity_kb} \
+                 KiB: {what}); use a multiple of {} MiB",
+                self.page_size_mb,
+                granularity_kb.div_ceil(1024)
+            ));
+        }
+        Ok(())
     }
 }
 

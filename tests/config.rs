@@ -124,10 +124,8 @@ fn each_key_alone() {
     assert_eq!(parse("device:cuda"), d());
     assert_eq!(parse("device:sim").device, DeviceKind::Sim);
     assert_eq!(parse("sim_capacity_mb:1").sim_capacity_mb, 1);
-    assert_eq!(
-        parse("sim_capacity_mb:18446744073709551615").sim_capacity_mb,
-        u64::MAX
-    );
+    // The largest simulated device is 1 PiB, so capacities in bytes never wrap.
+    assert_eq!(parse("sim_capacity_mb:1073741824").sim_capacity_mb, 1 << 30);
     assert!(parse("sim_backing:True").sim_backing);
     assert!(!parse("sim_backing:False").sim_backing);
     for g in [4u64, 8, 64, 2048, 1 << 20] {
@@ -140,8 +138,13 @@ fn each_key_alone() {
     assert!(parse("sim_vmm:True").sim_vmm);
     assert_eq!(parse("sim_devices:1").sim_devices, 1);
     assert_eq!(parse("sim_devices:64").sim_devices, 64);
-    assert_eq!(parse("page_size_mb:1").page_size_mb, 1);
+    // 1 MiB pages only where the granularity allows them (CUDA GPUs allocate in 2 MiB units).
+    assert_eq!(
+        parse("device:sim,sim_granularity_kb:1024,page_size_mb:1").page_size_mb,
+        1
+    );
     assert_eq!(parse("page_size_mb:20").page_size_mb, 20);
+    assert_eq!(parse("page_size_mb:1024").page_size_mb, 1024);
     assert!(!parse("stitch:False").stitch);
     assert!(parse("stitch:True").stitch);
     assert_eq!(parse("release_idle_ms:0").release_idle_ms, 0);
@@ -396,12 +399,16 @@ fn bad_values_name_key_value_and_forms() {
     let cases: &[(&str, &str, &str)] = &[
         ("device", "CUDA", "cuda or sim"),
         ("device", "Sim", "cuda or sim"),
-        ("sim_capacity_mb", "0", "an integer >= 1"),
-        ("sim_capacity_mb", "-5", "an integer >= 1"),
-        ("sim_capacity_mb", "1.5", "an integer >= 1"),
-        ("sim_capacity_mb", "+5", "an integer >= 1"),
-        ("sim_capacity_mb", "18446744073709551616", "an integer >= 1"),
-        ("sim_capacity_mb", "1k", "an integer >= 1"),
+        ("sim_capacity_mb", "0", "an integer from 1 to 1073741824"),
+        ("sim_capacity_mb", "-5", "an integer from 1 to 1073741824"),
+        ("sim_capacity_mb", "1.5", "an integer from 1 to 1073741824"),
+        ("sim_capacity_mb", "+5", "an integer from 1 to 1073741824"),
+        (
+            "sim_capacity_mb",
+            "18446744073709551616",
+            "an integer from 1 to 1073741824",
+        ),
+        ("sim_capacity_mb", "1k", "an integer from 1 to 1073741824"),
         ("sim_backing", "true", "True or False"),
         ("sim_backing", "1", "True or False"),
         ("sim_backing", "TRUE", "True or False"),
@@ -413,8 +420,9 @@ fn bad_values_name_key_value_and_forms() {
         ("sim_devices", "0", "an integer from 1 to 64"),
         ("sim_devices", "65", "an integer from 1 to 64"),
         ("sim_devices", "4294967297", "an integer from 1 to 64"),
-        ("page_size_mb", "0", "an integer >= 1"),
-        ("page_size_mb", "two", "an integer >= 1"),
+        ("page_size_mb", "0", "an integer from 1 to 1024"),
+        ("page_size_mb", "two", "an integer from 1 to 1024"),
+        ("page_size_mb", "1025", "an integer from 1 to 1024"),
         ("stitch", "on", "True or False"),
         ("release_idle_ms", "-1", "an integer >= 0"),
         ("release_idle_ms", "1.5", "an integer >= 0"),
@@ -528,7 +536,7 @@ fn display_round_trips() {
         Config {
             memory_fraction: 1e-9,
             release_idle_ms: u64::MAX,
-            sim_capacity_mb: u64::MAX,
+            sim_capacity_mb: 1 << 30,
             ..Config::default()
         },
         Config {
