@@ -194,6 +194,36 @@ fn clear_last_error() {
     LAST_ERROR_GLOBAL.lock().clear();
 }
 
+thread_local! {
+    /// How many exports this thread is inside: a panic there is caught by [`guarded`].
+    static IN_EXPORT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Where the last caught panic happened (" at file:line"), for [`guarded`]'s message.
+    static PANIC_AT: std::cell::Cell<Option<String>> = const { std::cell::Cell::new(None) };
+}
+
+/// Install, once, a panic hook that keeps panics inside our exports off the host's stderr: the
+/// host (PyTorch) did nothing wrong, and [`guarded`] turns the panic into the last error and a
+/// log line. Panics anywhere else (the host's own Rust code, if any) go to the hook that was
+/// there before, unchanged.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = IN_EXPORT.try_with(|d| d.get() > 0).unwrap_or(false);
+            if ours {
+                let at = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                let _ = PANIC_AT.try_with(|p| p.set(Some(at)));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
@@ -208,6 +238,11 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 /// returned as its code; a panic becomes [`TORCH_ARENA_ERR_PANIC`] with a message naming `name`.
 /// Every export passes through here, so this is also where logging is initialised.
 fn guarded<T>(name: &str, f: impl FnOnce() -> Outcome<T>) -> std::result::Result<T, c_int> {
+    quiet_panics();
+    let depth = IN_EXPORT.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
     let run = catch_unwind(AssertUnwindSafe(|| {
         crate::log::init();
         match f() {
@@ -218,14 +253,17 @@ fn guarded<T>(name: &str, f: impl FnOnce() -> Outcome<T>) -> std::result::Result
             }
         }
     }));
+    IN_EXPORT.with(|d| d.set(depth - 1));
     match run {
         Ok(r) => r,
         Err(payload) => {
+            let at = PANIC_AT.with(|p| p.take()).unwrap_or_default();
             let msg = format!(
-                "torch-arena internal error: panic in {name}: {}. This is a bug in torch-arena; \
-                 the call failed and the process can go on",
+                "torch-arena internal error: panic in {name}: {}{at}. This is a bug in \
+                 torch-arena; the call failed and the process can go on",
                 panic_text(&*payload)
             );
+            tracing::error!("{msg}");
             // Dropping the payload or recording may themselves panic: contain that too.
             let _ = catch_unwind(AssertUnwindSafe(move || {
                 drop(payload);
@@ -466,7 +504,7 @@ fn instance() -> Outcome<&'static TorchArena> {
     if let Some(e) = ENV_ERROR.get() {
         return Err(Failure::from(e.clone()).logged(true));
     }
-    let text = std::env::var("TORCH_ARENA_CONF").unwrap_or_default();
+    let text = crate::allocator::conf_from_env().unwrap_or_default();
     let mut installed_now = false;
     let made = INSTANCE.get_or_try_init(|| {
         TorchArena::from_env().map(|arena| {
@@ -1337,6 +1375,39 @@ mod tests {
         assert!(
             msg.contains("panic in test_export") && msg.contains("boom 42"),
             "{msg}"
+        );
+    }
+
+    /// A caught panic reaches the last error and the log, never the host's stderr as a
+    /// "thread panicked" message with a backtrace. Run in a child process, whose stderr is real.
+    #[test]
+    fn a_caught_panic_prints_no_panic_message() {
+        if std::env::var_os("TORCH_ARENA_TEST_PANIC_CHILD").is_some() {
+            let code = status("quiet_export", || panic!("quiet boom"));
+            assert_eq!(code, TORCH_ARENA_ERR_PANIC);
+            assert!(last_error().contains("quiet boom at src/abi.rs:"));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "abi::tests::a_caught_panic_prints_no_panic_message",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TORCH_ARENA_TEST_PANIC_CHILD", "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let text = format!("{}{err}", String::from_utf8_lossy(&out.stdout));
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        assert!(!err.contains("panicked at"), "{err}");
+        assert!(!err.contains("stack backtrace"), "{err}");
+        assert!(
+            err.contains("panic in quiet_export: quiet boom"),
+            "logged: {err}"
         );
     }
 
