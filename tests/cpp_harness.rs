@@ -157,3 +157,16 @@ fn bad_frees_are_reported_never_thrown() {
         tail(&r.stderr)
     );
 }
+
+/// Sizes near SIZE_MAX and beyond the device, stream (void*)-1 and a thousand short-lived streams,
+/// from 4 threads: every refusal is PyTorch's OOM exception, nothing overlaps, nothing stays held.
+#[test]
+fn hostile_sizes_and_streams_are_clean_ooms() {
+    let r = run(
+        "hostile",
+        "device:sim,sim_capacity_mb:1024,sim_backing:True",
+        Duration::from_secs(300),
+    );
+    assert_ok("hostile", &r);
+    assert!(!r.stderr.contains("panicked"), "{}", tail(&r.stderr));
+}

@@ -3,7 +3,7 @@
 // for NULL, and catching failures as `const std::exception&` (the concrete exception type is not
 // visible across the dlopen boundary, and PyTorch does not know it anyway).
 //
-// usage: torch_arena_harness <path/to/libtorch_arena.so> <threads|oom|hooks|badfree>
+// usage: torch_arena_harness <path/to/libtorch_arena.so> <threads|oom|hooks|badfree|hostile>
 // The library reads its configuration from TORCH_ARENA_CONF (the test sets a simulated device).
 // Prints "harness <scenario>: ok" and exits 0 on success; prints the failed check and exits 1.
 
@@ -623,11 +623,83 @@ int scenario_badfree(const Lib& lib) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Scenario "hostile": sizes near SIZE_MAX and far beyond the device, the stream handle
+// (void*)-1, and thousands of short-lived streams, from 4 threads at once. Every refusal must be
+// PyTorch's out-of-memory exception; nothing may overlap; nothing may stay reserved that a live
+// allocation does not hold. Expects sim_capacity_mb:1024 with backing.
+
+int scenario_hostile(const Lib& lib) {
+  lib.init(1);
+  const size_t absurd[] = {SIZE_MAX,           SIZE_MAX - 1,        SIZE_MAX - 511,
+                           SIZE_MAX - 512,     SIZE_MAX - (2u << 20), size_t{1} << 50,
+                           size_t{1} << 63,    (size_t{1} << 30) + 1};
+  const cudaStream_t minus_one = reinterpret_cast<cudaStream_t>(~uintptr_t{0});
+  std::atomic<int> failures{0};
+  std::mutex err_mu;
+  std::string first_error;
+  auto note = [&](const std::string& e) {
+    std::lock_guard<std::mutex> g(err_mu);
+    if (failures++ == 0) first_error = e;
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::pair<void*, size_t>> live;
+      for (int round = 0; round < 250; ++round) {
+        // A stream used for a few requests and never again (thousands in all), or stream -1.
+        cudaStream_t s = (round % 5 == 0)
+                             ? minus_one
+                             : reinterpret_cast<cudaStream_t>(uintptr_t{0x100000} + t * 0x10000 + round * 16);
+        size_t size = (round % 3 == 0) ? 3000 : (3u << 20) + 512u * static_cast<unsigned>(round);
+        void* p = nullptr;
+        try {
+          p = lib.alloc(size, 0, s);
+        } catch (const std::exception& e) {
+          note(std::string("alloc(") + std::to_string(size) + ") threw: " + e.what());
+          continue;
+        }
+        std::memset(p, t + 1, size);
+        live.emplace_back(p, size);
+        for (size_t bad : absurd) {
+          try {
+            void* q = lib.alloc(bad, 0, s);
+            note("alloc(" + std::to_string(bad) + ") returned " + hex(q) + " instead of throwing");
+          } catch (const std::exception& e) {
+            if (!starts_with(e.what(), kOomPrefix)) note(std::string("not an OOM: ") + e.what());
+          }
+        }
+        for (auto& [q, n] : live) {
+          const unsigned char* b = static_cast<const unsigned char*>(q);
+          if (b[0] != t + 1 || b[n - 1] != t + 1) note("a live allocation was overwritten");
+        }
+        if (live.size() > 3) {
+          auto [q, n] = live.front();
+          live.erase(live.begin());
+          lib.free(q, n, 0, s);
+        }
+      }
+      for (auto& [q, n] : live) lib.free(q, n, 0, nullptr);
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(failures.load() == 0, std::to_string(failures.load()) + " failures; first: " + first_error);
+  CHECK(lib.stat("allocated_bytes.all.current") == 0, "allocated bytes at the end");
+  CHECK(lib.bad_free_count() == 0, "bad frees reported: " + lib.error());
+  ReclaimReport r{};
+  CHECK(lib.empty_cache_report(&r) == 0, "empty_cache: " + lib.error());
+  CHECK(lib.stat("reserved_bytes.all.current") == 0,
+        "reserved after empty_cache: " + std::to_string(lib.stat("reserved_bytes.all.current")));
+  CHECK(lib.stat("num_ooms") >= 4 * 250 * 8, "num_ooms = " + std::to_string(lib.stat("num_ooms")));
+  std::printf("hostile: %" PRId64 " refusals, all out-of-memory exceptions\n", lib.stat("num_ooms"));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s <libtorch_arena.so> <threads|oom|hooks|badfree>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s <libtorch_arena.so> <threads|oom|hooks|badfree|hostile>\n", argv[0]);
     return 2;
   }
   g_scenario = argv[2];
@@ -643,6 +715,8 @@ int main(int argc, char** argv) {
     rc = scenario_hooks(lib);
   } else if (g_scenario == "badfree") {
     rc = scenario_badfree(lib);
+  } else if (g_scenario == "hostile") {
+    rc = scenario_hostile(lib);
   } else {
     fail("unknown scenario");
   }
