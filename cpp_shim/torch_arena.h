@@ -117,7 +117,8 @@ typedef struct torch_arena_reclaim_report {
   uint64_t pages_unmapped;
   /** Pages released to the driver (cuMemRelease / cuMemFree). */
   uint64_t pages_released;
-  /** Bytes made available to any new range (unmapped pages). */
+  /** Bytes of idle pages unmapped into the pool: still reserved (memory_reserved() does not
+   *  drop by them), but no longer tied to one address range, so any new range can use them. */
   uint64_t bytes_recovered;
   /** Bytes given back to the driver. */
   uint64_t bytes_released;
@@ -152,9 +153,11 @@ TORCH_ARENA_API void* torch_arena_malloc(size_t size, int device, void* stream);
  * device and stream of the allocation (PyTorch passes the alloc-time values).
  *
  * NULL is a no-op. Never throws and never fails loudly (PyTorch frees from destructors): a
- * pointer never returned, a double free or a size mismatch changes nothing, sets the last error
- * (naming the pointer), counts in torch_arena_bad_free_count, and is logged at warn level
- * (rate-limited: the first 10 of each kind, then every 1000th; see CONVENTIONS, Logging).
+ * pointer never returned, a pointer inside an allocation or a double free changes nothing; a
+ * size that differs from the request still frees the allocation (the pointer is what names it;
+ * keeping it would leak it for good, and a retried free is then a double free). Each sets the
+ * last error (naming the pointer), counts in torch_arena_bad_free_count, and is logged at warn
+ * level (rate-limited: the first 10 of each kind, then every 1000th; see CONVENTIONS, Logging).
  */
 TORCH_ARENA_API void torch_arena_free(void* ptr, size_t size, int device, void* stream) TORCH_ARENA_NOEXCEPT;
 
@@ -201,7 +204,10 @@ void torch_arena_empty_cache(void) TORCH_ARENA_NOEXCEPT;
  * set_memory_fraction_fn: `void(double fraction, int device)`, called by
  * torch.cuda.set_per_process_memory_fraction(fraction, device). Caps the bytes the arena of
  * `device` may hold at fraction x device memory; fraction must be in (0, 1] (else the last error
- * is set and nothing changes). A request beyond the cap fails as out of memory.
+ * is set and nothing changes). Cached pages above a lowered cap are released (pooled pages,
+ * then idle mapped ones, waiting for the GPU to finish with them); memory held by live
+ * allocations is never touched, so reserved memory stays above the cap only by what they hold.
+ * A request beyond the cap fails as out of memory.
  */
 void torch_arena_set_memory_fraction(double fraction, int device) TORCH_ARENA_NOEXCEPT;
 

@@ -197,8 +197,9 @@ def empty_cache() -> None:
 def defragment(device: Any = None) -> dict[str, int]:
     """Return ``device``'s empty slabs and idle mapped ranges to the page pool, where any new
     range can use them, without releasing memory to the driver. Returns what was recovered:
-    ``slabs_released``, ``pages_unmapped``, ``pages_released``, ``bytes_recovered``,
-    ``bytes_released``."""
+    ``slabs_released``, ``pages_unmapped``, ``pages_released``, ``bytes_recovered`` (bytes of
+    idle pages now usable by any range: still reserved, so ``memory_reserved()`` does not drop by
+    them), ``bytes_released`` (given back to the driver: 0 here)."""
     return _native.defragment(_device_index(device))
 
 

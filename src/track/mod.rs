@@ -379,7 +379,8 @@ impl Tracker {
         if size <= self.slab_max {
             self.classes.get(self.classes.index_of(size)).size
         } else {
-            size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+            // Only sizes the arena accepted get here, but never wrap regardless.
+            size.checked_next_multiple_of(MIN_BLOCK).unwrap_or(u64::MAX)
         }
     }
 
