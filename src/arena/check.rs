@@ -1,0 +1,274 @@
+//! Consistency checks for tests: every invariant recomputed from all state (O(everything)).
+
+use super::*;
+
+impl Inner {
+    pub(super) fn check_consistency(&self) -> std::result::Result<(), String> {
+        // Pages: users match live blocks and slabs; idle list matches mapped unused pages.
+        let mut users: HashMap<(u32, u32), u32> = HashMap::new();
+        for (&addr, b) in &self.large {
+            let base = self.regions[b.region as usize].base;
+            for p in (addr - base) / self.page..=(addr + b.len - 1 - base) / self.page {
+                *users.entry((b.region, p as u32)).or_default() += 1;
+            }
+        }
+        let dead: std::collections::HashSet<u32> = self.free_slab_ids.iter().copied().collect();
+        let mut allocated = [0i64; 3];
+        let mut requested = [0i64; 3];
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            let (first, last) = self.pages_of(slab.region, slab.base, slab.span);
+            for p in first..=last {
+                *users.entry((slab.region, p)).or_default() += 1;
+            }
+        }
+        self.check_slab_map(&dead)?;
+        self.check_stream_regions()?;
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            for (pi, slot) in r.pages.iter().enumerate() {
+                let want = users.get(&(ri as u32, pi as u32)).copied().unwrap_or(0);
+                if slot.users != want {
+                    return Err(format!(
+                        "region {ri} page {pi}: {} users recorded, {want} found",
+                        slot.users
+                    ));
+                }
+                if want > 0 && !r.plain && slot.phys.is_none() {
+                    return Err(format!("region {ri} page {pi} is used but not mapped"));
+                }
+                let idle = !r.plain && want == 0 && slot.phys.is_some();
+                if idle != (slot.idle_stamp != 0) {
+                    return Err(format!("region {ri} page {pi}: idle list out of step"));
+                }
+            }
+        }
+        for b in self.large.values().filter(|b| !b.pending) {
+            allocated[2] += b.len as i64;
+            requested[2] += b.requested as i64;
+        }
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            for slot in 0..slab.slots as usize {
+                let ptr = slab.base + slot as u64 * slab.slot_size;
+                if slab.live_slot(ptr).is_some() && !self.pending_ptrs.contains_key(&ptr) {
+                    allocated[1] += slab.slot_size as i64;
+                    requested[1] += slab.requested(slot) as i64;
+                }
+            }
+        }
+        for pool in [Pool::Small, Pool::Large] {
+            let i = pool as usize;
+            if self.stats.allocated_bytes.pool(pool).current != allocated[i] {
+                return Err(format!(
+                    "{pool:?}: allocated_bytes {} but live blocks sum to {}",
+                    self.stats.allocated_bytes.pool(pool).current,
+                    allocated[i]
+                ));
+            }
+            if self.stats.requested_bytes.pool(pool).current != requested[i] {
+                return Err(format!(
+                    "{pool:?}: requested_bytes {} but live requests sum to {}",
+                    self.stats.requested_bytes.pool(pool).current,
+                    requested[i]
+                ));
+            }
+        }
+        // The idle list: linked both ways, stamps rising from head to tail, length as counted,
+        // and holding exactly the pages marked idle (checked page by page above).
+        let mut n = 0u64;
+        for (si, st) in self.streams.iter().enumerate() {
+            let (mut at, mut prev, mut last) = (st.idle_head, PageRef::NONE, 0u64);
+            while at != PageRef::NONE {
+                let slot = self.slot(at);
+                if slot.idle_prev != prev
+                    || slot.idle_stamp <= last
+                    || self.regions[at.region as usize].stream != si as u32
+                {
+                    return Err(format!("stream {si}'s idle list broken at {at:?}"));
+                }
+                (prev, last, n) = (at, slot.idle_stamp, n + 1);
+                at = slot.idle_next;
+            }
+            if prev != st.idle_tail {
+                return Err(format!("stream {si}'s idle list tail is wrong"));
+            }
+        }
+        let marked = self
+            .regions
+            .iter()
+            .filter(|r| r.live)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.idle_stamp != 0)
+            .count() as u64;
+        if n != self.idle_len || n != marked {
+            return Err(format!(
+                "idle list holds {n} pages, counts {}, {marked} pages are marked idle",
+                self.idle_len
+            ));
+        }
+        let partial = self
+            .regions
+            .iter()
+            .filter(|r| r.live && r.pool == Pool::Large)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.users > 0 && s.covered < self.page)
+            .count() as i64;
+        if partial != self.partial_pages {
+            return Err(format!(
+                "{} partial pages counted, {partial} found",
+                self.partial_pages
+            ));
+        }
+        // Reserved = physical pages held.
+        let mapped: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.live && !r.plain)
+            .flat_map(|r| &r.pages)
+            .filter(|s| s.phys.is_some())
+            .count() as u64;
+        let plain: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.live && r.plain)
+            .map(|r| r.len)
+            .sum();
+        let held = (mapped + self.pool.len() as u64) * self.page + plain;
+        if self.reserved() != held {
+            return Err(format!(
+                "reserved_bytes {} but {} bytes of pages are held",
+                self.reserved(),
+                held
+            ));
+        }
+        if self.reserved() > self.limit {
+            return Err(format!(
+                "reserved_bytes {} over the limit {}",
+                self.reserved(),
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every live region is listed by its stream, which is not retired; every listed region is
+    /// live and owned by the stream listing it; retired slots hold nothing and are not indexed.
+    pub(super) fn check_stream_regions(&self) -> std::result::Result<(), String> {
+        for (si, st) in self.streams.iter().enumerate() {
+            if st.retired {
+                if !st.regions.is_empty() || st.idle_head != PageRef::NONE {
+                    return Err(format!(
+                        "retired stream slot {si} still holds regions or pages"
+                    ));
+                }
+                if self.stream_index.values().any(|&s| s as usize == si) {
+                    return Err(format!("retired stream slot {si} is still indexed"));
+                }
+                continue;
+            }
+            if self.stream_index.get(&st.id) != Some(&(si as u32)) {
+                return Err(format!("stream slot {si} ({:#x}) is not indexed", st.id));
+            }
+            for &r in &st.regions {
+                let reg = &self.regions[r as usize];
+                if !reg.live || reg.stream != si as u32 {
+                    return Err(format!(
+                        "stream {si} lists region {r}, which is not its own"
+                    ));
+                }
+            }
+        }
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            let st = &self.streams[r.stream as usize];
+            if st.retired || !st.regions.contains(&(ri as u32)) {
+                return Err(format!(
+                    "region {ri} is not listed by its stream {}",
+                    r.stream
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The chunk map and the live slabs agree: every chunk of a live slab maps to it, every
+    /// mapped chunk lies inside the live slab it names (so slabs never overlap), slab geometry
+    /// matches its class, and the bytes of non-empty slabs are as counted.
+    pub(super) fn check_slab_map(
+        &self,
+        dead: &std::collections::HashSet<u32>,
+    ) -> std::result::Result<(), String> {
+        let mut nonempty = 0u64;
+        for (id, slab) in self.slabs.iter().enumerate() {
+            if dead.contains(&(id as u32)) {
+                continue;
+            }
+            let class = self.classes.get(slab.class as usize);
+            let r = &self.regions[slab.region as usize];
+            if !r.live || r.pool != Pool::Small || r.stream != slab.stream {
+                return Err(format!(
+                    "slab {id} lies in region {} of another kind",
+                    slab.region
+                ));
+            }
+            if slab.span != class.span
+                || slab.slots != class.slots
+                || slab.slot_size != class.size
+                || !(slab.base - r.base).is_multiple_of(CHUNK)
+                || slab.base + slab.span > r.base + r.len
+            {
+                return Err(format!(
+                    "slab {id} at {:#x}: geometry out of step",
+                    slab.base
+                ));
+            }
+            let c0 = ((slab.base - r.base) / CHUNK) as usize;
+            for c in c0..c0 + (slab.span / CHUNK) as usize {
+                if r.chunks.get(c) != Some(&(id as u32)) {
+                    return Err(format!(
+                        "slab {id}: chunk {c} of region {} maps to {:?}",
+                        slab.region,
+                        r.chunks.get(c)
+                    ));
+                }
+            }
+            if slab.used > 0 {
+                nonempty += slab.span;
+            }
+        }
+        for (ri, r) in self.regions.iter().enumerate().filter(|(_, r)| r.live) {
+            if r.pool != Pool::Small && !r.chunks.is_empty() {
+                return Err(format!("large-pool region {ri} has a chunk map"));
+            }
+            for (c, &id) in r
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, id)| **id != NO_SLAB)
+            {
+                let addr = r.base + c as u64 * CHUNK;
+                let ok = self.slabs.get(id as usize).is_some_and(|slab| {
+                    !dead.contains(&id)
+                        && slab.region == ri as u32
+                        && slab.base <= addr
+                        && addr < slab.base + slab.span
+                });
+                if !ok {
+                    return Err(format!(
+                        "region {ri} chunk {c} maps to slab {id}, which is not there"
+                    ));
+                }
+            }
+        }
+        if nonempty != self.nonempty_slab_bytes {
+            return Err(format!(
+                "non-empty slabs span {nonempty} bytes, {} counted",
+                self.nonempty_slab_bytes
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,322 @@
+//! The entry of every allocation and the out-of-memory ladder: the size pre-check, the
+//! escalation steps (synchronise every stream, release what is cached), and what is reclaimed on
+//! the way (`empty_cache`, `defragment`, a lowered memory fraction, idle-page decay).
+
+use super::*;
+
+impl Inner {
+    pub(super) fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevPtr> {
+        if !self.pending.is_empty() {
+            self.poll_pending();
+        }
+        let s = self.stream(stream)?;
+        // A request the limit cannot give even with every cached page moved fails here, before
+        // any driver call or host allocation proportional to it.
+        if !self.within_reach(size) {
+            return Err(self.out_of_memory(size));
+        }
+        let created = self.stats.num_device_alloc;
+        match self.try_alloc(size, s, false) {
+            Ok(p) => return Ok(p),
+            Err(Miss::Device(e)) => return Err(e.into()),
+            Err(Miss::NoMemory) => {}
+        }
+        // The escalation ladder: each step frees more, then the request is tried again.
+        for step in [Escalation::SynchronizeAll, Escalation::ReleaseCached] {
+            match step {
+                // Wait for every stream so pending frees finish and every idle page is safe to
+                // move, then take pages from anywhere.
+                Escalation::SynchronizeAll => {
+                    self.stats.num_alloc_retries += 1;
+                    tracing::debug!(
+                        device = self.info.ordinal,
+                        size,
+                        "allocation retried after waiting for every stream (pages moved from anywhere)"
+                    );
+                    self.synchronize_all()?;
+                }
+                // The driver may refuse pages we are allowed (another process holds them, or the
+                // address space is spent): give back what we cache, idle streams included.
+                Escalation::ReleaseCached => {
+                    self.reclaim(true)?;
+                }
+            }
+            // Releasing may have retired this very stream (it held nothing): look it up again.
+            let s = self.stream(stream)?;
+            match self.try_alloc(size, s, true) {
+                Ok(p) => return Ok(p),
+                Err(Miss::Device(e)) => return Err(e.into()),
+                Err(Miss::NoMemory) => {}
+            }
+        }
+        // Pages created for this request and left in the pool go back: a failed request holds
+        // nothing it took for itself.
+        let mine = (self.stats.num_device_alloc - created).max(0) as usize;
+        for _ in 0..mine.min(self.pool.len()) {
+            let (page, _) = self.pool.pop().expect("counted");
+            if self.release_page(page).is_err() {
+                break;
+            }
+        }
+        Err(self.out_of_memory(size))
+    }
+
+    /// Whether a request of `size` bytes could be met within the limit if every cached page were
+    /// moved to it. Pages holding live data cannot move; a large block may share at most its first
+    /// and last page with them, so this errs on the side of trying by at most two pages. Small
+    /// requests always may (a slab slot may be free already).
+    pub(super) fn within_reach(&self, size: u64) -> bool {
+        if size <= self.slab_max {
+            return true;
+        }
+        let Some(len) = size.checked_next_multiple_of(MIN_BLOCK) else {
+            return false;
+        };
+        let pinned =
+            self.in_use_pages[Pool::Small as usize] + self.in_use_pages[Pool::Large as usize];
+        let budget = (self.limit / self.page).saturating_sub(pinned);
+        // Only pages holding live data can be shared, and only the block's first and last.
+        len.div_ceil(self.page).saturating_sub(pinned.min(2)) <= budget
+    }
+
+    /// The out-of-memory error for a request of `size` bytes, counted.
+    pub(super) fn out_of_memory(&mut self, size: u64) -> Error {
+        self.stats.num_ooms += 1;
+        Error::OutOfMemory(self.oom_message(size))
+    }
+
+    pub(super) fn try_alloc(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<DevPtr, Miss> {
+        if size <= self.slab_max {
+            self.alloc_small(size, s, anywhere)
+        } else {
+            self.alloc_large(size, s, anywhere)
+        }
+    }
+
+    pub(super) fn synchronize_all(&mut self) -> Result<()> {
+        self.dev.synchronize()?;
+        self.stats.num_sync_all_streams += 1;
+        let seq = self.seq;
+        for st in &mut self.streams {
+            st.safe_seq = seq;
+        }
+        self.finish_pending(true);
+        Ok(())
+    }
+
+    /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
+    /// with `release`, give the pool (and idle plain segments) back to the driver.
+    pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
+        self.synchronize_all()?;
+        let mut report = ReclaimReport::default();
+        for s in 0..self.streams.len() {
+            // A retired stream's slot has no classes.
+            for ci in 0..self.streams[s].classes.len() {
+                let cs = &mut self.streams[s].classes[ci];
+                if let Some(id) = cs.current
+                    && self.slabs[id as usize].is_empty()
+                {
+                    cs.current = None;
+                    self.dissolve_slab(id);
+                    report.slabs_released += 1;
+                }
+            }
+        }
+        while let Some(at) = self
+            .streams
+            .iter()
+            .map(|st| st.idle_head)
+            .find(|&h| h != PageRef::NONE)
+        {
+            let page = self.unmap_idle(at)?;
+            self.pool.push((page, Instant::now()));
+            report.pages_unmapped += 1;
+            report.bytes_recovered += self.page;
+        }
+        if release {
+            while let Some((page, _)) = self.pool.pop() {
+                self.release_page(page)?;
+                report.pages_released += 1;
+                report.bytes_released += self.page;
+            }
+            for id in 0..self.regions.len() as u32 {
+                let r = &self.regions[id as usize];
+                if r.plain && r.live && r.in_use == 0 {
+                    report.pages_released += r.len / self.page;
+                    report.bytes_released += r.len;
+                    self.release_plain(id)?;
+                }
+            }
+            // Streams left holding nothing give back their reservations and page tables too
+            // (their idle pages were unmapped above).
+            self.retire_idle_streams(true, u64::MAX)?;
+        }
+        self.update_inactive_split(Pool::Small);
+        self.update_inactive_split(Pool::Large);
+        Ok(report)
+    }
+
+    /// Give a pooled page back to the driver. If the driver refuses, the page stays in the pool
+    /// (still counted as reserved) so a later trim can try again.
+    pub(super) fn release_page(&mut self, page: PageHandle) -> Result<()> {
+        if let Err(e) = self.dev.release_page(page) {
+            self.pool.push((page, Instant::now()));
+            return Err(e.into());
+        }
+        self.stats.segment.decrease(Pool::Large, 1);
+        self.stats
+            .reserved_bytes
+            .decrease(Pool::Large, self.page as i64);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Give a plain segment with no live block back to the driver. If the driver refuses, the
+    /// segment stays whole in its stream's heap, still counted, so a later trim can try again.
+    pub(super) fn release_plain(&mut self, id: u32) -> Result<()> {
+        let (base, len, s, pool) = {
+            let r = &self.regions[id as usize];
+            (r.base, r.len, r.stream, r.pool)
+        };
+        if !self.heap(s, pool).remove_region(base, len) {
+            return Ok(());
+        }
+        if let Err(e) = self.dev.free_plain(base) {
+            self.heap(s, pool).add_region(base, len, id);
+            return Err(e.into());
+        }
+        self.forget_region(id);
+        self.streams[s as usize].regions.retain(|&r| r != id);
+        self.free_regions.push(id);
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, len as i64);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// Release cached pages until reserved memory is within the limit: the pool first, then idle
+    /// mapped pages (each once its stream is done with it, waiting if need be), then empty plain
+    /// segments.
+    pub(super) fn trim_to_limit(&mut self) -> Result<()> {
+        while self.reserved() > self.limit {
+            if let Some((page, _)) = self.pool.pop() {
+                self.release_page(page)?;
+                continue;
+            }
+            let idle = (0..self.streams.len() as u32)
+                .find(|&s| self.streams[s as usize].idle_head != PageRef::NONE);
+            if let Some(s) = idle {
+                let at = self.streams[s as usize].idle_head;
+                self.stream_done_with(s, self.slot(at).idle_stamp, true)?;
+                let page = self.unmap_idle(at)?;
+                self.release_page(page)?;
+                continue;
+            }
+            let empty = (0..self.regions.len() as u32).find(|&r| {
+                let r = &self.regions[r as usize];
+                r.plain && r.live && r.in_use == 0
+            });
+            match empty {
+                Some(r) => {
+                    self.release_plain(r)?;
+                    if self.regions[r as usize].live {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        self.update_inactive_split(Pool::Small);
+        self.update_inactive_split(Pool::Large);
+        Ok(())
+    }
+
+    /// Release pages idle longer than `release_idle_ms`, if their streams are done with them.
+    pub(super) fn maybe_decay(&mut self) {
+        let Some(after) = self.release_idle else {
+            return;
+        };
+        let now = Instant::now();
+        if now.duration_since(self.last_decay) < after / 4 {
+            return;
+        }
+        self.last_decay = now;
+        let cutoff = (now.duration_since(self.epoch).saturating_sub(after)).as_nanos() as u64;
+        for s in 0..self.streams.len() as u32 {
+            loop {
+                let at = self.streams[s as usize].idle_head;
+                if at == PageRef::NONE || self.slot(at).idle_since > cutoff {
+                    break;
+                }
+                // Oldest first: once the stream may still use one, it may use the rest.
+                if !matches!(
+                    self.stream_done_with(s, self.slot(at).idle_stamp, false),
+                    Ok(true)
+                ) {
+                    break;
+                }
+                let Ok(page) = self.unmap_idle(at) else { break };
+                // A refused release keeps the page in the pool.
+                let _ = self.release_page(page);
+            }
+        }
+        let (old, keep): (Vec<_>, Vec<_>) = self
+            .pool
+            .drain(..)
+            .partition(|(_, t)| now.duration_since(*t) >= after);
+        self.pool = keep;
+        for (page, _) in old {
+            // A refused release keeps the page in the pool.
+            let _ = self.release_page(page);
+        }
+    }
+
+    pub(super) fn oom_message(&self, size: u64) -> String {
+        let (free, total) = self
+            .dev
+            .mem_get_info()
+            .unwrap_or((0, self.info.total_bytes));
+        let s = &self.stats;
+        let reserved = s.reserved_bytes.all().current as u64;
+        let allocated = s.allocated_bytes.all().current as u64;
+        let idle = self.idle_len * self.page;
+        let pooled = self.pool.len() as u64 * self.page;
+        let split = s.inactive_split_bytes.all().current.max(0) as u64;
+        let allowed = if self.fraction < 1.0 {
+            format!(
+                " Of the allowed {} (memory fraction),",
+                format_size(self.limit)
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
+             free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
+             {} cached ({} in idle mapped pages, {} in unmapped pages) and {} free inside partially \
+             used pages ({:.1}% fragmentation). Live allocations: {}.",
+            format_size(size),
+            self.info.ordinal,
+            format_size(total),
+            format_size(free),
+            format_size(reserved),
+            format_size(allocated),
+            format_size(s.requested_bytes.all().current as u64),
+            format_size(idle + pooled),
+            format_size(idle),
+            format_size(pooled),
+            format_size(split),
+            if reserved > 0 {
+                split as f64 * 100.0 / reserved as f64
+            } else {
+                0.0
+            },
+            s.allocation.all().current,
+        )
+    }
+}

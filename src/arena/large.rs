@@ -1,0 +1,118 @@
+//! The large pool: 512-byte-granular blocks of a stream's address heap, placed among the best
+//! fits by size where the fewest pages need mapping.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn alloc_large(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<DevPtr, Miss> {
+        let len = round_up(size, MIN_BLOCK);
+        let (addr, region) = self.take_va(s, Pool::Large, len)?;
+        if let Err(e) = self.use_range(region, addr, len, anywhere) {
+            self.streams[s as usize].large.free(addr, len, region);
+            return Err(e);
+        }
+        self.large.insert(
+            addr,
+            LargeBlock {
+                len,
+                requested: size,
+                stream: s,
+                region,
+                pending: false,
+            },
+        );
+        self.count_alloc(Pool::Large, size, len);
+        Ok(addr)
+    }
+
+    /// Addresses for `len` bytes from stream `s`'s heap of `pool`, reserving a new region (or, with
+    /// no VMM, allocating a new plain segment) when none fits.
+    pub(super) fn take_va(
+        &mut self,
+        s: u32,
+        pool: Pool,
+        len: u64,
+    ) -> std::result::Result<(u64, u32), Miss> {
+        let hit = if pool == Pool::Large && self.vmm {
+            self.place_large(s, len)
+        } else {
+            self.heap(s, pool).alloc(len)
+        };
+        if let Some(hit) = hit {
+            return Ok(hit);
+        }
+        self.add_region(s, pool, len)?;
+        Ok(self
+            .heap(s, pool)
+            .alloc(len)
+            .expect("a new region fits the request"))
+    }
+
+    /// A large block for stream `s`: among the best fits by size, the one whose range needs the
+    /// fewest pages mapped (a freed block of the same size needs none).
+    pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<(u64, u32)> {
+        let mut fits = [(0u64, 0u32); PLACEMENT_CANDIDATES];
+        let mut n = 0;
+        for c in self.streams[s as usize]
+            .large
+            .candidates(len, PLACEMENT_CANDIDATES)
+        {
+            fits[n] = c;
+            n += 1;
+        }
+        let mut best: Option<(u64, u64, u32)> = None;
+        for &(addr, region) in &fits[..n] {
+            let limit = best.map_or(u64::MAX, |b| b.0);
+            let missing = self.unmapped_pages(region, addr, len, limit);
+            if missing < limit {
+                best = Some((missing, addr, region));
+                if missing == 0 {
+                    break;
+                }
+            }
+        }
+        let (_, addr, region) = best?;
+        self.streams[s as usize].large.take(addr, len);
+        Some((addr, region))
+    }
+
+    /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`.
+    pub(super) fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
+        let r = &self.regions[region as usize];
+        let first = ((addr - r.base) / self.page) as usize;
+        let last = ((addr + len - 1 - r.base) / self.page) as usize;
+        let mut missing = 0;
+        for slot in &r.pages[first..=last] {
+            missing += slot.phys.is_none() as u64;
+            if missing >= limit {
+                break;
+            }
+        }
+        missing
+    }
+
+    pub(super) fn heap(&mut self, s: u32, pool: Pool) -> &mut Heap {
+        let st = &mut self.streams[s as usize];
+        match pool {
+            Pool::Small => &mut st.small,
+            Pool::Large => &mut st.large,
+        }
+    }
+
+    pub(super) fn finish_large(&mut self, ptr: u64) {
+        let block = self.large.remove(&ptr).expect("live block");
+        self.count_range(block.region, ptr, block.len, false);
+        self.streams[block.stream as usize]
+            .large
+            .free(ptr, block.len, block.region);
+        self.stats.active.decrease(Pool::Large, 1);
+        self.stats
+            .active_bytes
+            .decrease(Pool::Large, block.len as i64);
+    }
+}

@@ -1,0 +1,140 @@
+//! Streams: the index from a stream handle to its state, and the retirement of streams that
+//! hold nothing, which gives their regions back.
+
+use super::*;
+
+impl Inner {
+    /// Index of stream `id`, created on first use (in a slot a retired stream gave back, if any).
+    #[inline]
+    pub(super) fn stream(&mut self, id: StreamId) -> Result<u32> {
+        self.tick += 1;
+        if let Some((last, s)) = self.last_stream
+            && last == id
+        {
+            self.streams[s as usize].last_used = self.tick;
+            return Ok(s);
+        }
+        let s = match self.stream_index.get(&id) {
+            Some(&s) => s,
+            None => self.new_stream(id)?,
+        };
+        self.streams[s as usize].last_used = self.tick;
+        self.last_stream = Some((id, s));
+        Ok(s)
+    }
+
+    /// A stream seen for the first time. Past [`STREAMS_KEPT`] streams, streams that hold nothing
+    /// and were not used in the last [`STREAM_IDLE_REQUESTS`] requests are retired first, so host
+    /// memory and address space do not grow with the number of streams ever seen.
+    #[cold]
+    pub(super) fn new_stream(&mut self, id: StreamId) -> Result<u32> {
+        if self.stream_index.len() >= STREAMS_KEPT {
+            let before = self.tick.saturating_sub(STREAM_IDLE_REQUESTS);
+            self.retire_idle_streams(false, before)?;
+        }
+        let state = StreamState {
+            id,
+            small: Heap::new(),
+            large: Heap::new(),
+            classes: (0..self.classes.len())
+                .map(|_| ClassState::default())
+                .collect(),
+            fence: None,
+            fence_seq: 0,
+            safe_seq: 0,
+            idle_head: PageRef::NONE,
+            idle_tail: PageRef::NONE,
+            regions: Vec::new(),
+            last_used: self.tick,
+            retired: false,
+        };
+        let s = match self.free_streams.pop() {
+            Some(s) => {
+                self.streams[s as usize] = state;
+                s
+            }
+            None => {
+                self.streams.push(state);
+                (self.streams.len() - 1) as u32
+            }
+        };
+        self.stream_index.insert(id, s);
+        Ok(s)
+    }
+
+    /// Retire every stream that holds no live, pending or cached-in-use memory and was last used
+    /// before request `before`: its empty current slabs dissolve, its idle pages go to the pool
+    /// (only once its fence proves the GPU done with them; with `block`, waiting for it), and its
+    /// reservations, page tables and heaps are given back. A stream still in use, or whose idle
+    /// pages the GPU may still read, is left as it is.
+    pub(super) fn retire_idle_streams(&mut self, block: bool, before: u64) -> Result<u64> {
+        let mut retired = 0;
+        for s in 0..self.streams.len() as u32 {
+            let st = &self.streams[s as usize];
+            if st.retired || st.last_used > before {
+                continue;
+            }
+            if self.retire_stream(s, block)? {
+                retired += 1;
+            }
+        }
+        Ok(retired)
+    }
+
+    /// Retire stream `s` if it holds nothing; whether it was retired.
+    pub(super) fn retire_stream(&mut self, s: u32, block: bool) -> Result<bool> {
+        let holds = |g: &Self| {
+            g.streams[s as usize]
+                .regions
+                .iter()
+                .any(|&r| g.regions[r as usize].in_use > 0)
+        };
+        if holds(self) && !self.streams[s as usize].regions.is_empty() {
+            // Only empty current slabs may still hold pages: dissolve them and look again.
+            for ci in 0..self.streams[s as usize].classes.len() {
+                let cs = &mut self.streams[s as usize].classes[ci];
+                if let Some(id) = cs.current
+                    && self.slabs[id as usize].is_empty()
+                {
+                    cs.current = None;
+                    self.dissolve_slab(id);
+                }
+            }
+            if holds(self) {
+                return Ok(false);
+            }
+        }
+        let tail = self.streams[s as usize].idle_tail;
+        if tail != PageRef::NONE {
+            let stamp = self.slot(tail).idle_stamp;
+            if !self.stream_done_with(s, stamp, block)? {
+                return Ok(false);
+            }
+        }
+        let now = Instant::now();
+        while self.streams[s as usize].idle_head != PageRef::NONE {
+            let page = self.unmap_idle(self.streams[s as usize].idle_head)?;
+            self.pool.push((page, now));
+        }
+        while let Some(&r) = self.streams[s as usize].regions.last() {
+            self.drop_region(r)?;
+        }
+        let st = &mut self.streams[s as usize];
+        if let Some(e) = st.fence.take() {
+            self.spare_events.push(e);
+        }
+        let id = st.id;
+        *st = StreamState::retired();
+        self.stream_index.remove(&id);
+        if self.last_stream.is_some_and(|(_, i)| i == s) {
+            self.last_stream = None;
+        }
+        self.free_streams.push(s);
+        tracing::debug!(
+            device = self.info.ordinal,
+            stream = id,
+            "idle stream retired"
+        );
+        Ok(true)
+    }
+}
