@@ -646,7 +646,7 @@ int scenario_hostile(const Lib& lib) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::vector<std::pair<void*, size_t>> live;
-      for (int round = 0; round < 250; ++round) {
+      for (int round = 0; round < 750; ++round) {
         // A stream used for a few requests and never again (thousands in all), or stream -1.
         cudaStream_t s = (round % 5 == 0)
                              ? minus_one
@@ -690,7 +690,7 @@ int scenario_hostile(const Lib& lib) {
   CHECK(lib.empty_cache_report(&r) == 0, "empty_cache: " + lib.error());
   CHECK(lib.stat("reserved_bytes.all.current") == 0,
         "reserved after empty_cache: " + std::to_string(lib.stat("reserved_bytes.all.current")));
-  CHECK(lib.stat("num_ooms") >= 4 * 250 * 8, "num_ooms = " + std::to_string(lib.stat("num_ooms")));
+  CHECK(lib.stat("num_ooms") >= 4 * 750 * 8, "num_ooms = " + std::to_string(lib.stat("num_ooms")));
   std::printf("hostile: %" PRId64 " refusals, all out-of-memory exceptions\n", lib.stat("num_ooms"));
   return 0;
 }
