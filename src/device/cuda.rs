@@ -752,14 +752,39 @@ impl Device for CudaDevice {
     }
 
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        self.map_run(va, &[(page, size)])
+    }
+
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> DeviceResult<()> {
         let v = self.vmm_api("map")?;
         let _ctx = self.ctx()?;
-        bump(&self.counters.mem_map);
-        // SAFETY: plain driver call; the driver validates the range and the handle.
-        self.drv.check("cuMemMap", unsafe {
-            (v.map)(va, size as usize, 0, page.0, 0)
-        })?;
-
+        // Leave nothing half done: on failure the run goes back to reserved-but-unmapped.
+        let undo = |upto: DevPtr| {
+            if upto > va {
+                bump(&self.counters.mem_unmap);
+                // SAFETY: `[va, upto)` was mapped just above, handle by handle.
+                let rc = unsafe { (v.unmap)(va, (upto - va) as usize) };
+                if rc != CUDA_SUCCESS {
+                    tracing::error!(
+                        va,
+                        size = upto - va,
+                        error = %self.drv.describe(rc),
+                        "cuMemUnmap failed while undoing a mapping that could not be completed"
+                    );
+                }
+            }
+        };
+        let mut at = va;
+        for &(page, size) in handles {
+            bump(&self.counters.mem_map);
+            // SAFETY: plain driver call; the driver validates the range and the handle.
+            let rc = unsafe { (v.map)(at, size as usize, 0, page.0, 0) };
+            if rc != CUDA_SUCCESS {
+                undo(at);
+                return Err(self.drv.error("cuMemMap", rc));
+            }
+            at += size;
+        }
         let access = sys::CUmemAccessDesc {
             location: sys::CUmemLocation {
                 type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -767,22 +792,12 @@ impl Device for CudaDevice {
             },
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
+        // One grant for the whole run: access is per range, not per handle.
         bump(&self.counters.set_access);
-        // SAFETY: one valid access descriptor.
-        let rc = unsafe { (v.set_access)(va, size as usize, &access, 1) };
+        // SAFETY: one valid access descriptor over a range mapped just above.
+        let rc = unsafe { (v.set_access)(va, (at - va) as usize, &access, 1) };
         if rc != CUDA_SUCCESS {
-            // Leave nothing half done: the range goes back to reserved-but-unmapped.
-            bump(&self.counters.mem_unmap);
-            // SAFETY: the range was mapped just above.
-            let undo = unsafe { (v.unmap)(va, size as usize) };
-            if undo != CUDA_SUCCESS {
-                tracing::error!(
-                    va,
-                    size,
-                    error = %self.drv.describe(undo),
-                    "cuMemUnmap failed while undoing a mapping whose cuMemSetAccess failed"
-                );
-            }
+            undo(at);
             return Err(self.drv.error("cuMemSetAccess", rc));
         }
         Ok(())

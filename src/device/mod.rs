@@ -161,7 +161,25 @@ pub trait Device: Send + Sync {
     fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
     /// Map `page` (of `size` bytes) at `va` and grant the device read/write access.
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()>;
-    /// Unmap `size` bytes at `va`. The physical pages stay alive.
+    /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
+    /// device read/write access to the whole run: one cuMemMap per handle, then one
+    /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; access is the
+    /// expensive half). On failure nothing of the run stays mapped. The default maps handle by
+    /// handle with [`Device::map`].
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> DeviceResult<()> {
+        let mut at = va;
+        for &(page, size) in handles {
+            if let Err(e) = self.map(at, size, page) {
+                if at > va {
+                    self.unmap(va, at - va)?;
+                }
+                return Err(e);
+            }
+            at += size;
+        }
+        Ok(())
+    }
+    /// Unmap `size` bytes at `va`: a run of whole mappings. The physical pages stay alive.
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()>;
 
     /// Fallback when `info().vmm` is false: a plain device allocation (cuMemAlloc).

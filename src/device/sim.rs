@@ -413,6 +413,133 @@ fn overlaps(a: DevPtr, a_len: u64, b: DevPtr, b_len: u64) -> bool {
 }
 
 impl State {
+    /// cuMemMap of `page` at `va`, without the access grant (see `Device::map_run`).
+    fn map_one(&mut self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let s = self;
+        s.counters.mem_map += 1;
+        let n = s.faults.begin(SimCall::Map);
+        s.need_vmm("cuMemMap")?;
+        s.check_granular("cuMemMap", Some(va), size)?;
+        let Some(p) = s.pages.get(&page.0) else {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} does not exist",
+                page.0
+            )));
+        };
+        if p.size != size {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}",
+                page.0, p.size
+            )));
+        }
+        if let Some(at) = p.mapped_at {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} is already mapped at {at:#x}",
+                page.0
+            )));
+        }
+        let offset = p.offset;
+        if s.reservation_holding(va, size).is_none() {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: the range is not inside one live reservation"
+            )));
+        }
+        if let Some((&m, mapping)) = s.mappings.range(..va + size).next_back()
+            && m + mapping.size > va
+        {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: {m:#x}+{} is already mapped (page {:#x})",
+                mapping.size, mapping.page
+            )));
+        }
+        if s.faults.fails(SimCall::Map, n) {
+            return Err(SimCall::Map.injected_error());
+        }
+        if let Some(b) = &s.backing {
+            // SAFETY: `[va, va+size)` lies inside one of our PROT_NONE reservations and is not
+            // mapped (both checked above), so replacing it touches no other memory.
+            let got = unsafe {
+                libc::mmap(
+                    va as *mut libc::c_void,
+                    size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    b.fd,
+                    offset as libc::off_t,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(host_error("cuMemMap", "mmap of the page"));
+            }
+        }
+        s.mappings.insert(va, Mapping { size, page: page.0 });
+        s.pages.get_mut(&page.0).expect("checked above").mapped_at = Some(va);
+        Ok(())
+    }
+
+    /// cuMemUnmap of `[va, va+size)`: exactly a run of whole mappings.
+    fn unmap_range(&mut self, va: DevPtr, size: u64) -> DeviceResult<()> {
+        let s = self;
+        s.counters.mem_unmap += 1;
+        s.need_vmm("cuMemUnmap")?;
+        s.check_granular("cuMemUnmap", Some(va), size)?;
+        if s.reservation_holding(va, size).is_none() {
+            return Err(misuse(format!(
+                "cuMemUnmap of {va:#x}+{size}: the range is not inside one live reservation"
+            )));
+        }
+        // The range must be exactly a run of whole mappings, with no gap.
+        let end = va + size;
+        let mut at = va;
+        let mut covered = Vec::new();
+        while at < end {
+            let Some(m) = s.mappings.get(&at) else {
+                let why = match s.mapping_at(at) {
+                    Some((start, m)) => {
+                        format!("{at:#x} is inside the mapping {start:#x}+{}", m.size)
+                    }
+                    None => format!("{at:#x} is not mapped"),
+                };
+                return Err(misuse(format!("cuMemUnmap of {va:#x}+{size}: {why}")));
+            };
+            if at + m.size > end {
+                return Err(misuse(format!(
+                    "cuMemUnmap of {va:#x}+{size}: the mapping {at:#x}+{} ends past the range",
+                    m.size
+                )));
+            }
+            covered.push(at);
+            at += m.size;
+        }
+        if s.backing.is_some() {
+            // Put the reservation's PROT_NONE placeholder back, so the address stays ours.
+            let flags =
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+            // SAFETY: `[va, va+size)` is mapped by us inside one of our reservations.
+            let got = unsafe {
+                libc::mmap(
+                    va as *mut libc::c_void,
+                    size as usize,
+                    libc::PROT_NONE,
+                    flags,
+                    -1,
+                    0,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(host_error("cuMemUnmap", "mmap of the placeholder"));
+            }
+        }
+        s.note_busy_release("cuMemUnmap", va, size);
+        for start in covered {
+            let m = s.mappings.remove(&start).expect("found above");
+            if let Some(p) = s.pages.get_mut(&m.page) {
+                p.mapped_at = None;
+            }
+        }
+        Ok(())
+    }
+
     fn need_vmm(&self, call: &str) -> DeviceResult<()> {
         if self.vmm {
             Ok(())
@@ -917,134 +1044,38 @@ impl Device for SimDevice {
     }
 
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        self.map_run(va, &[(page, size)])
+    }
+
+    /// One cuMemMap per handle, at consecutive addresses, then one cuMemSetAccess for the run (as
+    /// PyTorch's expandable segments grant access per contiguous range). On failure nothing of
+    /// the run stays mapped.
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> DeviceResult<()> {
         let mut s = self.state.lock();
-        s.counters.mem_map += 1;
-        let n = s.faults.begin(SimCall::Map);
-        s.need_vmm("cuMemMap")?;
-        s.check_granular("cuMemMap", Some(va), size)?;
-        let Some(p) = s.pages.get(&page.0) else {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} does not exist",
-                page.0
-            )));
-        };
-        if p.size != size {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}",
-                page.0, p.size
-            )));
-        }
-        if let Some(at) = p.mapped_at {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} is already mapped at {at:#x}",
-                page.0
-            )));
-        }
-        let offset = p.offset;
-        if s.reservation_holding(va, size).is_none() {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: the range is not inside one live reservation"
-            )));
-        }
-        if let Some((&m, mapping)) = s.mappings.range(..va + size).next_back()
-            && m + mapping.size > va
-        {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: {m:#x}+{} is already mapped (page {:#x})",
-                mapping.size, mapping.page
-            )));
-        }
-        if s.faults.fails(SimCall::Map, n) {
-            return Err(SimCall::Map.injected_error());
+        let mut at = va;
+        for &(page, size) in handles {
+            if let Err(e) = s.map_one(at, size, page) {
+                if at > va {
+                    s.unmap_range(va, at - va)?;
+                }
+                return Err(e);
+            }
+            at += size;
         }
         // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
         s.counters.set_access += 1;
         let n = s.faults.begin(SimCall::SetAccess);
         if s.faults.fails(SimCall::SetAccess, n) {
+            if at > va {
+                s.unmap_range(va, at - va)?;
+            }
             return Err(SimCall::SetAccess.injected_error());
         }
-        if let Some(b) = &s.backing {
-            // SAFETY: `[va, va+size)` lies inside one of our PROT_NONE reservations and is not
-            // mapped (both checked above), so replacing it touches no other memory.
-            let got = unsafe {
-                libc::mmap(
-                    va as *mut libc::c_void,
-                    size as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    b.fd,
-                    offset as libc::off_t,
-                )
-            };
-            if got == libc::MAP_FAILED {
-                return Err(host_error("cuMemMap", "mmap of the page"));
-            }
-        }
-        s.mappings.insert(va, Mapping { size, page: page.0 });
-        s.pages.get_mut(&page.0).expect("checked above").mapped_at = Some(va);
         Ok(())
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {
-        let mut s = self.state.lock();
-        s.counters.mem_unmap += 1;
-        s.need_vmm("cuMemUnmap")?;
-        s.check_granular("cuMemUnmap", Some(va), size)?;
-        if s.reservation_holding(va, size).is_none() {
-            return Err(misuse(format!(
-                "cuMemUnmap of {va:#x}+{size}: the range is not inside one live reservation"
-            )));
-        }
-        // The range must be exactly a run of whole mappings, with no gap.
-        let end = va + size;
-        let mut at = va;
-        let mut covered = Vec::new();
-        while at < end {
-            let Some(m) = s.mappings.get(&at) else {
-                let why = match s.mapping_at(at) {
-                    Some((start, m)) => {
-                        format!("{at:#x} is inside the mapping {start:#x}+{}", m.size)
-                    }
-                    None => format!("{at:#x} is not mapped"),
-                };
-                return Err(misuse(format!("cuMemUnmap of {va:#x}+{size}: {why}")));
-            };
-            if at + m.size > end {
-                return Err(misuse(format!(
-                    "cuMemUnmap of {va:#x}+{size}: the mapping {at:#x}+{} ends past the range",
-                    m.size
-                )));
-            }
-            covered.push(at);
-            at += m.size;
-        }
-        if s.backing.is_some() {
-            // Put the reservation's PROT_NONE placeholder back, so the address stays ours.
-            let flags =
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
-            // SAFETY: `[va, va+size)` is mapped by us inside one of our reservations.
-            let got = unsafe {
-                libc::mmap(
-                    va as *mut libc::c_void,
-                    size as usize,
-                    libc::PROT_NONE,
-                    flags,
-                    -1,
-                    0,
-                )
-            };
-            if got == libc::MAP_FAILED {
-                return Err(host_error("cuMemUnmap", "mmap of the placeholder"));
-            }
-        }
-        s.note_busy_release("cuMemUnmap", va, size);
-        for start in covered {
-            let m = s.mappings.remove(&start).expect("found above");
-            if let Some(p) = s.pages.get_mut(&m.page) {
-                p.mapped_at = None;
-            }
-        }
-        Ok(())
+        self.state.lock().unmap_range(va, size)
     }
 
     fn alloc_plain(&self, size: u64) -> DeviceResult<DevPtr> {
