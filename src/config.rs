@@ -97,6 +97,9 @@ pub struct Config {
     /// `page_size_mb:N`: physical page size in MiB, a multiple of the granularity (default 2).
     /// The multiple-of-granularity check happens when the arena is created, not here.
     pub page_size_mb: u64,
+    /// `handle_mb:N`: size of the physical handles created for large blocks, in whole pages
+    /// (rounded down, at least one; default 2: one page per handle).
+    pub handle_mb: u64,
     /// `stitch:True|False`: reuse idle mapped pages anywhere before creating new ones (default True).
     pub stitch: bool,
     /// `release_idle_ms:N`: release cached pages idle longer than N ms to the driver; 0 = never.
@@ -145,6 +148,7 @@ impl Default for Config {
             sim_vmm: true,
             sim_devices: 1,
             page_size_mb: 2,
+            handle_mb: 2,
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
@@ -228,7 +232,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 18] = [
+const KEY_DEFS: [KeyDef; 19] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -307,6 +311,19 @@ const KEY_DEFS: [KeyDef; 18] = [
             Some(())
         },
         show: |c| c.page_size_mb.to_string(),
+    },
+    KeyDef {
+        name: "handle_mb",
+        help: "size in MiB of the physical handles created for large blocks (one cuMemCreate and \
+               one cuMemMap each), an integer from 1 to 1024, in whole pages (rounded down, at \
+               least one page): larger handles mean fewer driver calls, smaller ones let freed \
+               memory move between ranges more finely (default 2)",
+        forms: "an integer from 1 to 1024 (MiB)",
+        set: |c, v| {
+            c.handle_mb = parse_uint(v).filter(|&n| (1..=MAX_PAGE_SIZE_MB).contains(&n))?;
+            Some(())
+        },
+        show: |c| c.handle_mb.to_string(),
     },
     KeyDef {
         name: "stitch",

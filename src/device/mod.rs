@@ -140,6 +140,14 @@ impl std::error::Error for DeviceError {}
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
+/// A [`Device::map_run`] that failed: why, and how many leading handles of the run are still
+/// mapped (and accessible); the others are not mapped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapRunError {
+    pub error: DeviceError,
+    pub mapped: usize,
+}
+
 /// The operations the arena needs from a GPU. Implementations are thread-safe; the arena calls
 /// them with its own lock held, so they must never call back into the arena.
 pub trait Device: Send + Sync {
@@ -164,16 +172,15 @@ pub trait Device: Send + Sync {
     /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
     /// device read/write access to the whole run: one cuMemMap per handle, then one
     /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; access is the
-    /// expensive half). On failure nothing of the run stays mapped. The default maps handle by
-    /// handle with [`Device::map`].
-    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> DeviceResult<()> {
+    /// expensive half). On failure, says how many leading handles stay mapped, and accessible:
+    /// the implementation grants access to what it mapped before the failure, or, if that fails
+    /// too, unmaps it (a prefix that can be neither is reported mapped, so it is never taken for
+    /// unmapped memory). The default maps handle by handle with [`Device::map`].
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
         let mut at = va;
-        for &(page, size) in handles {
-            if let Err(e) = self.map(at, size, page) {
-                if at > va {
-                    self.unmap(va, at - va)?;
-                }
-                return Err(e);
+        for (i, &(page, size)) in handles.iter().enumerate() {
+            if let Err(error) = self.map(at, size, page) {
+                return Err(MapRunError { error, mapped: i });
             }
             at += size;
         }

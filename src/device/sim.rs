@@ -40,8 +40,8 @@ use std::io;
 use parking_lot::Mutex;
 
 use super::{
-    DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle, PageHandle,
-    StreamId,
+    DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle,
+    MapRunError, PageHandle, StreamId,
 };
 use crate::config::Config;
 
@@ -1044,34 +1044,45 @@ impl Device for SimDevice {
     }
 
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
-        self.map_run(va, &[(page, size)])
+        self.map_run(va, &[(page, size)]).map_err(|e| e.error)
     }
 
     /// One cuMemMap per handle, at consecutive addresses, then one cuMemSetAccess for the run (as
-    /// PyTorch's expandable segments grant access per contiguous range). On failure nothing of
-    /// the run stays mapped.
-    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> DeviceResult<()> {
+    /// PyTorch's expandable segments grant access per contiguous range). What was mapped before
+    /// a failure is granted access and reported (see [`Device::map_run`]).
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
         let mut s = self.state.lock();
         let mut at = va;
-        for &(page, size) in handles {
+        let mut failed = None;
+        for (i, &(page, size)) in handles.iter().enumerate() {
             if let Err(e) = s.map_one(at, size, page) {
-                if at > va {
-                    s.unmap_range(va, at - va)?;
-                }
-                return Err(e);
+                failed = Some((e, i));
+                break;
             }
             at += size;
         }
-        // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
-        s.counters.set_access += 1;
-        let n = s.faults.begin(SimCall::SetAccess);
-        if s.faults.fails(SimCall::SetAccess, n) {
-            if at > va {
-                s.unmap_range(va, at - va)?;
+        let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
+        if mapped > 0 {
+            // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
+            s.counters.set_access += 1;
+            let n = s.faults.begin(SimCall::SetAccess);
+            if s.faults.fails(SimCall::SetAccess, n) {
+                let kept = if s.unmap_range(va, at - va).is_ok() {
+                    0
+                } else {
+                    mapped
+                };
+                let error = failed.map_or(SimCall::SetAccess.injected_error(), |f| f.0);
+                return Err(MapRunError {
+                    error,
+                    mapped: kept,
+                });
             }
-            return Err(SimCall::SetAccess.injected_error());
         }
-        Ok(())
+        match failed {
+            Some((error, mapped)) => Err(MapRunError { error, mapped }),
+            None => Ok(()),
+        }
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {
