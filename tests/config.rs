@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -43,6 +43,7 @@ const KEYS: [&str; 18] = [
     "memory_fraction",
     "slab_max_kb",
     "trace",
+    "driver_costs",
     "sites",
     "sites_every",
     "sites_min_kb",
@@ -481,12 +482,20 @@ fn accepted_keys_is_the_single_table() {
         .collect();
     assert_eq!(
         optional.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
-        ["trace"]
+        ["trace", "driver_costs"]
     );
     for (key, help) in optional {
-        assert!(help.ends_with("(default: no recording)"), "{key}: {help:?}");
+        let default = if *key == "trace" {
+            "(default: no recording)"
+        } else {
+            "(default: the A100 figures)"
+        };
+        assert!(help.ends_with(default), "{key}: {help:?}");
     }
-    let listed: Vec<&(&str, &str)> = table.iter().filter(|(k, _)| *k != "trace").collect();
+    let listed: Vec<&(&str, &str)> = table
+        .iter()
+        .filter(|(k, _)| !["trace", "driver_costs"].contains(k))
+        .collect();
     assert_eq!(
         defaults.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
         listed.iter().map(|(k, _)| *k).collect::<Vec<_>>()

@@ -19,9 +19,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use torch_arena::config::{Config, DeviceKind};
+use torch_arena::device::DriverCounters;
+use torch_arena::device::costs::DriverCosts;
 use torch_arena::trace::native::{self, NativeOptions, NativeResult};
 use torch_arena::trace::plot::{self, Line, Panel, Style};
-use torch_arena::trace::replay::{self, OomReport, Point, ReplayOptions, ReplayResult};
+use torch_arena::trace::replay::{
+    self, DEFAULT_GPU_LAG_NS, OomReport, Point, ReplayOptions, ReplayResult, StepStats, Timing,
+};
 use torch_arena::trace::{self as tr, Kind, Source, Trace, synth};
 use torch_arena::{Error, TorchArena};
 
@@ -42,6 +46,7 @@ commands:
   demo [options]              replay the training-loop trace the project ships against the
                               emulated native allocator, and explain the result
   help                        this text (also -h, --help, and COMMAND --help)
+  --version                   the version of torch-arena
 
 TRACE is a file or a synthetic trace:
   FILE                        a torch-arena trace (.trace, .trace.gz), a PyTorch snapshot from
@@ -64,6 +69,19 @@ replay options:
                     else PyTorch's defaults (no max_split_size, no expandable segments, 20 MiB
                     large segments). What the native allocator recorded in the trace itself
                     (PyTorch snapshots with segment events) is always shown
+  --repeat N        replay each trace N times in a row, one step per pass: what is live at the
+                    end of a pass stays live, what a pass allocates and frees is allocated and
+                    freed again (default 1). Tables add a steady-state table (first and last step)
+  --gpu-lag DURATION
+                    GPU work finishes this long after the host queues it (0, 500us, 5ms; default
+                    2ms, see BENCHMARKS.md): memory freed while earlier kernels still use it can
+                    leave its stream only once they finish; a synchronising call that waits for
+                    them is a host stall. The clock is the trace's timestamps, else 10 µs per
+                    event. 0 replays as if the GPU finished everything at once
+  --driver-costs FILE
+                    latencies of the driver calls, one `NAME = MICROSECONDS` per line (e.g.
+                    cuMemCreate = 7.6); unnamed calls keep the A100 defaults. The conf key
+                    driver_costs:FILE does the same for one --conf of a sweep
   --backing         back the simulated pages with host memory and check every live
                     allocation's bytes (slow: for small traces)
   --check           after every event, check that the stats are exact and that no live
@@ -77,7 +95,16 @@ replay options:
                     live_count, reserved_bytes, cached_bytes, message, largest_live),
                     native_emulated_peak_reserved_bytes, native_emulated_oom_event,
                     native_emulated_fragmentation, native_emulated_elapsed_s, elapsed_s,
-                    ns_per_event, events_per_s, driver_calls, error; null where unknown. A
+                    ns_per_event, events_per_s, driver_calls, driver_calls_by_kind (CUDA driver
+                    API name -> count; they add up to driver_calls), modelled_driver_s (calls
+                    x latency), modelled_stall_s (host blocked waiting for the GPU), steps (one
+                    object per step: driver_calls, driver_calls_by_kind, modelled_driver_s,
+                    modelled_stall_s, peak_requested_bytes, peak_reserved_bytes), gpu_lag_us,
+                    repeat, driver_costs (where the latencies came from), native_driver_calls,
+                    native_driver_calls_by_kind, native_modelled_driver_s,
+                    native_modelled_stall_s, native_driver_calls_from (emulated with --native,
+                    else recorded: the snapshot's segment events, at least one call each),
+                    native_steps (as steps, for the emulation), error; null where unknown. A
                     trace that cannot be read gets {trace, path, error}
   --plot FILE       draw requested and reserved bytes over each trace into FILE (.svg or .png):
                     one panel per trace, stacked in one image; with {trace} in FILE, one file
@@ -95,8 +122,11 @@ demo options:
   (none)            replay traces/demo-train.trace.gz from the source tree (set
                     TORCH_ARENA_DEMO_TRACE to use another trace; scripts/make-demo-trace makes
                     it) with the native allocator emulated beside the arena
-  --capacity SIZE, --conf CONF, --plot FILE, --progress, --no-progress
+  --capacity SIZE, --conf CONF, --plot FILE, --gpu-lag DURATION, --driver-costs FILE,
+  --progress, --no-progress
                     as for replay
+  --repeat N        as for replay (default 3: the table shows steady-state calls per step
+                    beside the native allocator's)
   --model [--steps N] [--conf CONF]
                     run the modelled training loop itself through the arena and print per-step
                     memory_stats figures and memory_summary (default 8 steps; CONF default
@@ -114,12 +144,12 @@ exit status:
 ";
 
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
-[--native] [--backing] [--check] [--json] [--plot FILE] [--progress | --no-progress]";
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--backing] [--check] [--json] [--plot FILE] [--progress | --no-progress]";
 const SYNTH_SYNOPSIS: &str = "usage: torch-arena synth adversarial [--capacity SIZE] -o FILE\n       \
 torch-arena synth rmm-random --n N --max SIZE [--seed S] -o FILE";
 const CONVERT_SYNOPSIS: &str = "usage: torch-arena convert TRACE -o FILE";
 const DEMO_SYNOPSIS: &str = "usage: torch-arena demo [--capacity SIZE] [--conf CONF] [--plot FILE] \
-[--progress | --no-progress]\n       torch-arena demo --model [--steps N] [--conf CONF]";
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--progress | --no-progress]\n       torch-arena demo --model [--steps N] [--conf CONF]";
 
 /// Exit status when a replay ran out of memory.
 const EXIT_OOM: u8 = 2;
@@ -129,6 +159,8 @@ const DEFAULT_CAPACITY: u64 = 80 << 30;
 const PLOT_POINTS: usize = 1200;
 /// Default seed of `synth:rmm-random`.
 const DEFAULT_SEED: u64 = 1;
+/// Passes over the demo trace unless `--repeat` says otherwise.
+const DEMO_REPEAT: u32 = 3;
 /// Where the shipped demo trace lives, relative to the source tree.
 const DEMO_TRACE_REL: &str = "traces/demo-train.trace.gz";
 
@@ -152,8 +184,12 @@ fn main() -> ExitCode {
             print!("{USAGE}");
             Ok(0)
         }
+        Some("--version" | "-V" | "version") => {
+            println!("torch-arena {}", env!("CARGO_PKG_VERSION"));
+            Ok(0)
+        }
         Some(other) => Err(format!(
-            "unknown command '{other}'; commands: replay, synth, demo, help\n\n{USAGE}"
+            "unknown command '{other}'; commands: replay, synth, convert, demo, help\n\n{USAGE}"
         )),
     };
     match result {
@@ -319,6 +355,34 @@ fn parse_count(what: &str, text: &str) -> CliResult<u64> {
     text.replace('_', "")
         .parse()
         .map_err(|_| format!("{what}: '{text}' is not a whole number"))
+}
+
+/// Parse a duration such as `0`, `500us`, `5ms`, `1.5s` into nanoseconds.
+fn parse_duration(what: &str, text: &str) -> CliResult<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (&t[..split], t[split..].trim());
+    let bad = || {
+        format!(
+            "{what}: '{text}' is not a duration: expected 0 or a number and a unit: ns, us (or \
+             µs), ms, s, e.g. 500us, 5ms"
+        )
+    };
+    let mult = match unit {
+        "" if num.parse::<f64>() == Ok(0.0) => 1.0,
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        _ => return Err(bad()),
+    };
+    let v = num.parse::<f64>().map_err(|_| bad())? * mult;
+    if !v.is_finite() || !(0.0..=3.6e12).contains(&v) {
+        return Err(format!("{}; at most an hour", bad()));
+    }
+    Ok(v.round() as u64)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,6 +667,19 @@ fn fmt_rate(per_s: f64) -> String {
     }
 }
 
+/// Seconds as `0 s`, `12.3 µs`, `4.56 ms`, `1.23 s`.
+fn fmt_secs(s: f64) -> String {
+    if s == 0.0 {
+        "0 s".into()
+    } else if s < 1e-3 {
+        format!("{:.1} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
 fn fmt_ns(ns: f64) -> String {
     if !ns.is_finite() {
         "–".into()
@@ -774,6 +851,33 @@ impl JsonObject {
     }
 }
 
+/// Driver calls by kind as a JSON object: CUDA driver API name → count.
+fn calls_json(c: &DriverCounters) -> String {
+    let mut j = JsonObject::new();
+    for (name, n) in c.entries() {
+        j.num(name, n);
+    }
+    j.finish()
+}
+
+/// Steps as a JSON array (see `--json`).
+fn steps_json(steps: &[StepStats]) -> String {
+    let items: Vec<String> = steps
+        .iter()
+        .map(|st| {
+            JsonObject::new()
+                .num("driver_calls", st.calls.total())
+                .raw("driver_calls_by_kind", &calls_json(&st.calls))
+                .float("modelled_driver_s", st.modelled_driver_s)
+                .float("modelled_stall_s", st.modelled_stall_s)
+                .num("peak_requested_bytes", st.peak_requested)
+                .num("peak_reserved_bytes", st.peak_reserved)
+                .finish()
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
 fn oom_json(o: &OomReport) -> String {
     let largest: Vec<String> = o
         .largest_live
@@ -812,6 +916,8 @@ struct ReplaySettings {
     json: bool,
     plot: Option<String>,
     progress: bool,
+    /// Steps, GPU lag, driver costs (`--repeat`, `--gpu-lag`, `--driver-costs`).
+    timing: Timing,
 }
 
 impl ReplaySettings {
@@ -825,7 +931,38 @@ impl ReplaySettings {
             json: false,
             plot: None,
             progress: progress.unwrap_or_else(stderr_is_terminal),
+            timing: Timing {
+                gpu_lag_ns: DEFAULT_GPU_LAG_NS,
+                ..Timing::default()
+            },
         }
+    }
+
+    /// `--repeat N`, `--gpu-lag DURATION` or `--driver-costs FILE`.
+    fn timing_option(&mut self, name: &str, value: &str) -> CliResult<()> {
+        match name {
+            "--repeat" => {
+                let n = parse_count("--repeat", value)?;
+                if !(1..=1_000_000).contains(&n) {
+                    return Err(format!(
+                        "--repeat: '{value}' must be from 1 to 1000000 (passes over the trace)"
+                    ));
+                }
+                self.timing.repeat = n as u32;
+            }
+            "--gpu-lag" => self.timing.gpu_lag_ns = parse_duration("--gpu-lag", value)?,
+            _ => self.timing.costs = DriverCosts::load(Path::new(value))?,
+        }
+        Ok(())
+    }
+
+    /// The timing of a run under `conf`: the costs file of its `driver_costs` key, if any.
+    fn timing_for(&self, conf: &Config) -> CliResult<Timing> {
+        let mut t = self.timing.clone();
+        if let Some(path) = &conf.driver_costs {
+            t.costs = DriverCosts::load(Path::new(path))?;
+        }
+        Ok(t)
     }
 
     /// Parse one `--conf`; `sim_capacity_mb` is refused (replay sets it from `--capacity`).
@@ -886,11 +1023,33 @@ struct TraceInfo {
     peak_requested: u64,
     /// The native allocator's peak reserved, as the trace recorded it.
     native_recorded: Option<u64>,
+    /// The native allocator's segment allocations and frees the trace recorded, at least (a
+    /// segment event per allocator event is kept; several between two events count once), as
+    /// driver calls: cudaMalloc as `cuMemAlloc`, cudaFree as `cuMemFree`.
+    native_recorded_calls: Option<DriverCounters>,
+}
+
+/// The native allocator's recorded segment events as driver calls (see
+/// `TraceInfo::native_recorded_calls`); `None` when the trace has none.
+fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
+    let n = trace.native.as_ref().filter(|n| !n.changes.is_empty())?;
+    let mut c = DriverCounters::default();
+    let mut prev = n.initial;
+    for &(_, bytes) in &n.changes {
+        if bytes > prev {
+            c.mem_alloc += 1;
+        } else if bytes < prev {
+            c.mem_free += 1;
+        }
+        prev = bytes;
+    }
+    Some(c)
 }
 
 /// The native allocator emulated on a trace.
 #[derive(Clone, Debug)]
 struct Emulated {
+    /// The emulation's result (its replay figures through `Deref`).
     result: NativeResult,
     elapsed: Duration,
     /// Size and stream of the event that ran out of memory.
@@ -942,6 +1101,7 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
         seeded: trace.seeded,
         peak_requested: trace.peak_requested(),
         native_recorded: trace.native.as_ref().map(|n| n.peak),
+        native_recorded_calls: recorded_calls(&trace),
     };
     let points = if s.plot.is_some() { PLOT_POINTS } else { 0 };
     let recorded_series = if points > 0 && trace.native.is_some() {
@@ -949,7 +1109,7 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
     } else {
         None
     };
-    let emulated = s.native.then(|| {
+    let emulated = if s.native {
         // Under the settings the trace was recorded with, where it says (snapshots of torch ≥ 2.5).
         let recorded = trace.native.as_ref();
         let opts = NativeOptions {
@@ -959,30 +1119,39 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
             ..NativeOptions::new(s.capacity)
         };
         let start = Instant::now();
-        let result = with_spinner(
-            s.progress,
-            "emulating the native allocator on",
-            &name,
-            || native::simulate(&trace, &opts),
-        );
+        let mut bar = ProgressBar::new(s.progress, format!("{name} [native, emulated]"));
+        let result = native::simulate_timed(&trace, &opts, &s.timing, &mut |d, t| bar.update(d, t))
+            .map_err(|e| format!("{name}: the native emulation failed: {e}"))?;
+        drop(bar);
         let elapsed = start.elapsed();
         let oom_request = result
             .oom_event
             .and_then(|i| trace.events.get(i))
             .map(|e| (e.size, e.stream));
-        let ran = result.oom_event.unwrap_or(trace.events.len());
-        Emulated {
-            peak_requested: peak_requested_before(&trace, ran),
+        Some(Emulated {
+            peak_requested: result.peak_requested,
             result,
             elapsed,
             oom_request,
-        }
-    });
+        })
+    } else {
+        None
+    };
     let runs = s
         .confs
         .iter()
         .map(|(label, conf)| {
             let effective = s.effective(conf);
+            let timing = match s.timing_for(conf) {
+                Ok(t) => t,
+                Err(e) => {
+                    return Run {
+                        label: label.clone(),
+                        effective,
+                        outcome: Err(format!("{name}: --conf '{label}': {e}")),
+                    };
+                }
+            };
             let opts = ReplayOptions {
                 capacity: s.capacity,
                 conf: effective.clone(),
@@ -991,6 +1160,7 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
                 check: s.check,
                 consistency_every: 1,
                 series_points: points,
+                timing,
             };
             let bar_label = if s.confs.len() > 1 {
                 format!("{name} [{}]", conf_name(label))
@@ -1016,21 +1186,6 @@ fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
     })
 }
 
-/// The most requested bytes live at once over the first `end` events.
-fn peak_requested_before(trace: &Trace, end: usize) -> u64 {
-    let (mut live, mut peak) = (0u64, 0u64);
-    for e in &trace.events[..end.min(trace.events.len())] {
-        match e.op {
-            tr::Op::Alloc => {
-                live += e.size;
-                peak = peak.max(live);
-            }
-            tr::Op::Free => live = live.saturating_sub(e.size),
-        }
-    }
-    peak
-}
-
 /// The table of one trace, the out-of-memory reports and notes on the trace's kind.
 fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
     let i = &o.info;
@@ -1051,6 +1206,7 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
         i.device,
         fmt_bytes(s.capacity)
     );
+    println!("  {}", timing_line(&s.timing));
     let mut rows = vec![
         [
             "allocator",
@@ -1058,8 +1214,10 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
             "peak reserved",
             "fragmentation",
             "events",
-            "time/event",
+            "host time/event",
             "driver calls",
+            "driver time",
+            "stall",
             "",
         ]
         .map(String::from)
@@ -1067,31 +1225,44 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
     ];
     let dash = || "–".to_string();
     if let Some(peak) = i.native_recorded {
+        let calls = i.native_recorded_calls;
         rows.push(vec![
-            "native (recorded)".into(),
+            "native (recorded, one step)".into(),
             fmt_bytes(i.peak_requested),
             fmt_bytes(peak),
             fmt_frag(fragmentation(peak, i.peak_requested)),
             fmt_count(i.events as u64),
             dash(),
+            calls.map_or_else(dash, |c| format!("≥ {}", fmt_count(c.total()))),
+            calls.map_or_else(dash, |c| fmt_secs(s.timing.costs.seconds(&c))),
             dash(),
             String::new(),
         ]);
     }
+    let oom_note = |o: Option<&OomReport>| {
+        o.map(|o| {
+            let step = if s.timing.repeat > 1 {
+                format!(" of step {}", o.step)
+            } else {
+                String::new()
+            };
+            format!("OOM at event {}{step}", fmt_count(o.event as u64))
+        })
+        .unwrap_or_default()
+    };
     if let Some(e) = &o.emulated {
-        let done = e.result.oom_event.unwrap_or(i.events);
+        let r = &e.result;
         rows.push(vec![
             "native (emulated)".into(),
-            fmt_bytes(e.peak_requested),
-            fmt_bytes(e.result.peak_reserved),
-            fmt_frag(fragmentation(e.result.peak_reserved, e.peak_requested)),
-            fmt_count(done as u64),
-            fmt_ns(e.elapsed.as_nanos() as f64 / done.max(1) as f64),
-            dash(),
-            e.result
-                .oom_event
-                .map(|n| format!("OOM at event {}", fmt_count(n as u64)))
-                .unwrap_or_default(),
+            fmt_bytes(r.peak_requested),
+            fmt_bytes(r.peak_reserved),
+            fmt_frag(fragmentation(r.peak_reserved, r.peak_requested)),
+            fmt_count(r.events as u64),
+            fmt_ns(e.elapsed.as_nanos() as f64 / r.events.max(1) as f64),
+            fmt_count(r.driver_calls),
+            fmt_secs(r.modelled_driver_s),
+            fmt_secs(r.modelled_stall_s),
+            oom_note(r.oom.as_ref()),
         ]);
     }
     for run in &o.runs {
@@ -1105,20 +1276,22 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
                 fmt_count(r.events as u64),
                 fmt_ns(r.elapsed.as_nanos() as f64 / r.events.max(1) as f64),
                 fmt_count(r.driver_calls),
-                r.oom
-                    .as_ref()
-                    .map(|o| format!("OOM at event {}", fmt_count(o.event as u64)))
-                    .unwrap_or_default(),
+                fmt_secs(r.modelled_driver_s),
+                fmt_secs(r.modelled_stall_s),
+                oom_note(r.oom.as_ref()),
             ],
             Err(_) => {
                 let mut row = vec![label];
-                row.extend((0..6).map(|_| dash()));
+                row.extend((0..8).map(|_| dash()));
                 row.push("failed (see the error below)".into());
                 row
             }
         });
     }
     print_table(&rows);
+    if s.timing.repeat > 1 {
+        print_steady_state(o);
+    }
     if let Some(e) = &o.emulated
         && let Some(n) = e.result.oom_event
     {
@@ -1165,6 +1338,58 @@ fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
         }
     }
     println!();
+}
+
+/// The settings of the timing model, in one line.
+fn timing_line(t: &Timing) -> String {
+    format!(
+        "{} step{} of the trace; GPU lag {}; driver calls priced at {}",
+        t.repeat,
+        if t.repeat == 1 { "" } else { "s" },
+        fmt_secs(t.gpu_lag_ns as f64 / 1e9),
+        t.costs.source
+    )
+}
+
+/// Per allocator: memory driver calls and modelled driver time in the last step, beside the first.
+fn print_steady_state(o: &TraceOutcome) {
+    let mut rows = vec![
+        [
+            "allocator",
+            "step 1: memory calls",
+            "step 1: driver time",
+            "last step: memory calls",
+            "last step: driver time",
+            "last step: stall",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let mut row = |label: String, steps: &[StepStats]| {
+        if let (Some(a), Some(z)) = (steps.first(), steps.last()) {
+            rows.push(vec![
+                label,
+                fmt_count(a.calls.memory_calls()),
+                fmt_secs(a.modelled_driver_s),
+                fmt_count(z.calls.memory_calls()),
+                fmt_secs(z.modelled_driver_s),
+                fmt_secs(z.modelled_stall_s),
+            ]);
+        }
+    };
+    if let Some(e) = &o.emulated {
+        row("native (emulated)".into(), &e.result.steps);
+    }
+    for run in &o.runs {
+        if let Ok(r) = &run.outcome {
+            row(format!("arena ({})", conf_name(&run.label)), &r.steps);
+        }
+    }
+    println!();
+    println!(
+        "  steady state (memory calls: create, map, set access, unmap, release, reserve, alloc, free):"
+    );
+    print_table(&rows);
 }
 
 /// The report of an arena out-of-memory: the failing request, what was live, what was cached.
@@ -1285,16 +1510,60 @@ fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                             },
                         )
                         .num("driver_calls", r.driver_calls)
-                        .raw("error", "null");
+                        .raw("driver_calls_by_kind", &calls_json(&r.calls))
+                        .float("modelled_driver_s", r.modelled_driver_s)
+                        .float("modelled_stall_s", r.modelled_stall_s)
+                        .raw("steps", &steps_json(&r.steps));
                 }
-                Err(e) => {
+                Err(_) => {
                     j.raw("elapsed_s", "null")
                         .raw("ns_per_event", "null")
                         .raw("events_per_s", "null")
                         .raw("driver_calls", "null")
-                        .str("error", e);
+                        .raw("driver_calls_by_kind", "null")
+                        .raw("modelled_driver_s", "null")
+                        .raw("modelled_stall_s", "null")
+                        .raw("steps", "null");
                 }
             }
+            let t = &s.timing;
+            j.float("gpu_lag_us", t.gpu_lag_ns as f64 / 1e3)
+                .num("repeat", u64::from(t.repeat))
+                .str("driver_costs", &t.costs.source);
+            // The native allocator's calls: emulated where it ran, else the recorded segment
+            // events (one step: the trace's own).
+            let recorded = i.native_recorded_calls;
+            let native_calls = em.map(|e| e.result.calls).or(recorded);
+            j.opt_num("native_driver_calls", native_calls.map(|c| c.total()))
+                .raw(
+                    "native_driver_calls_by_kind",
+                    &native_calls.map_or_else(|| "null".into(), |c| calls_json(&c)),
+                )
+                .opt_float(
+                    "native_modelled_driver_s",
+                    em.map(|e| e.result.modelled_driver_s)
+                        .or(recorded.map(|c| t.costs.seconds(&c))),
+                )
+                .opt_float(
+                    "native_modelled_stall_s",
+                    em.map(|e| e.result.modelled_stall_s),
+                )
+                .str(
+                    "native_driver_calls_from",
+                    match (em, recorded) {
+                        (Some(_), _) => "emulated",
+                        (None, Some(_)) => "recorded",
+                        (None, None) => "",
+                    },
+                )
+                .raw(
+                    "native_steps",
+                    &em.map_or_else(|| "null".into(), |e| steps_json(&e.result.steps)),
+                );
+            match &run.outcome {
+                Ok(_) => j.raw("error", "null"),
+                Err(e) => j.str("error", e),
+            };
             j.finish()
         })
         .collect()
@@ -1399,6 +1668,9 @@ fn write_plot(path: &Path, panels: &[Panel]) -> CliResult<()> {
 const REPLAY_OPTIONS: &[&str] = &[
     "--capacity",
     "--conf",
+    "--repeat",
+    "--gpu-lag",
+    "--driver-costs",
     "--native",
     "--backing",
     "--check",
@@ -1426,6 +1698,10 @@ fn replay_command(args: &[String]) -> CliResult<u8> {
             "--capacity" => s.capacity = parse_capacity(&cur.value(&name, inline)?)?,
             "--conf" => s.add_conf(&cur.value(&name, inline)?)?,
             "--plot" => s.plot = Some(cur.value(&name, inline)?),
+            "--repeat" | "--gpu-lag" | "--driver-costs" => {
+                let v = cur.value(&name, inline)?;
+                s.timing_option(&name, &v)?;
+            }
             "--native" | "--backing" | "--check" | "--json" | "--progress" | "--no-progress" => {
                 cur.flag(&name, inline)?;
                 match name.as_str() {
@@ -1683,6 +1959,9 @@ const DEMO_OPTIONS: &[&str] = &[
     "--steps",
     "--conf",
     "--capacity",
+    "--repeat",
+    "--gpu-lag",
+    "--driver-costs",
     "--plot",
     "--progress",
     "--no-progress",
@@ -1697,6 +1976,7 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
     let mut capacity: Option<u64> = None;
     let mut plot_file: Option<String> = None;
     let mut progress = None;
+    let mut timing: Vec<(String, String)> = Vec::new();
     while let Some(item) = cur.next_item() {
         let (name, inline) = match item {
             Item::Positional(p) => {
@@ -1725,6 +2005,10 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
             "--conf" => conf = Some(cur.value(&name, inline)?),
             "--capacity" => capacity = Some(parse_capacity(&cur.value(&name, inline)?)?),
             "--plot" => plot_file = Some(cur.value(&name, inline)?),
+            "--repeat" | "--gpu-lag" | "--driver-costs" => {
+                let v = cur.value(&name, inline)?;
+                timing.push((name, v));
+            }
             "-h" | "--help" => {
                 print!("{USAGE}");
                 return Ok(0);
@@ -1733,10 +2017,11 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
         }
     }
     if model || steps.is_some() {
-        if capacity.is_some() || plot_file.is_some() {
+        if capacity.is_some() || plot_file.is_some() || !timing.is_empty() {
             return Err(
-                "demo --model runs the loop itself: --capacity and --plot are for the trace \
-                 replay (for the model, set the capacity with --conf device:sim,sim_capacity_mb:N)"
+                "demo --model runs the loop itself: --capacity, --plot, --repeat, --gpu-lag and \
+                 --driver-costs are for the trace replay (for the model, set the capacity with \
+                 --conf device:sim,sim_capacity_mb:N)"
                     .into(),
             );
         }
@@ -1745,6 +2030,11 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
     let mut s = ReplaySettings::new(progress);
     s.native = true;
     s.capacity = capacity.unwrap_or(DEFAULT_CAPACITY);
+    // Three passes by default, so the table shows a warm step beside the first.
+    s.timing.repeat = DEMO_REPEAT;
+    for (name, v) in &timing {
+        s.timing_option(name, v)?;
+    }
     s.plot = plot_file;
     s.add_conf(conf.as_deref().unwrap_or(""))?;
     s.check_plot()?;
@@ -1803,6 +2093,24 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
                 fmt_count(r.driver_calls),
             ),
             (
+                "Modelled driver time (A100 latencies), host stall",
+                format!(
+                    "{}, {}",
+                    fmt_secs(r.modelled_driver_s),
+                    fmt_secs(r.modelled_stall_s)
+                ),
+            ),
+            (
+                "Memory driver calls per step, steady state",
+                steady_calls(&r.steps),
+            ),
+            (
+                "  the same for native (emulated)",
+                o.emulated
+                    .as_ref()
+                    .map_or_else(|| "–".into(), |e| steady_calls(&e.result.steps)),
+            ),
+            (
                 "Replay time",
                 format!(
                     "{:.3} s ({} per event)",
@@ -1812,7 +2120,7 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
             ),
         ];
         for (k, v) in rows {
-            println!("  {k:<50} {v:>14}");
+            println!("  {k:<50} {v:>22}");
         }
         println!();
         println!("{}", wrap(&demo_reading(&s, &o, r), 96));
@@ -1828,6 +2136,21 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
     } else {
         0
     })
+}
+
+/// Memory driver calls of the last step, and its modelled driver time.
+fn steady_calls(steps: &[StepStats]) -> String {
+    steps.last().map_or_else(
+        || "–".into(),
+        |z| {
+            format!(
+                "{} ({}, step {})",
+                fmt_count(z.calls.memory_calls()),
+                fmt_secs(z.modelled_driver_s),
+                steps.len()
+            )
+        },
+    )
 }
 
 /// The demo trace: `TORCH_ARENA_DEMO_TRACE`, or the one in the source tree this was built from.

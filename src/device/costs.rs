@@ -180,7 +180,11 @@ mod tests {
         assert_eq!(o.get("cuMemMap_v2"), Some(1.45));
         let want = (10.0 * 7.6 + 4.0 * 1.45 + 4.0 * 36.0 + 2.0 * 25.6) / 1e6;
         assert!((o.seconds(&c) - want).abs() < 1e-12);
-        assert!(DriverCosts::parse("cuMemFoo = 1", "t").unwrap_err().contains("cuMemFoo"));
+        assert!(
+            DriverCosts::parse("cuMemFoo = 1", "t")
+                .unwrap_err()
+                .contains("cuMemFoo")
+        );
         assert!(DriverCosts::parse("cuMemMap = -1", "t").is_err());
         assert!(DriverCosts::parse("cuMemMap 1", "t").is_err());
     }

@@ -32,8 +32,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{Op, Trace};
 use super::replay::{Point, Policy, ReplayResult, SeriesBuilder, Timing};
+use super::{Op, Trace};
 use crate::device::DriverCounters;
 use crate::error::{Error, Result};
 

@@ -820,7 +820,6 @@ fn check_event(
     })
 }
 
-
 #[allow(clippy::too_many_arguments)]
 fn oom_report(
     trace: &Trace,
