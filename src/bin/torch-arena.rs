@@ -2764,6 +2764,7 @@ mod tests {
                 reserved: 110 << 20,
                 cached: 20 << 20,
                 message: "CUDA out of memory. Tried to allocate 64.00 MiB\n\"quoted\"".into(),
+                step: 1,
                 largest_live: vec![
                     (50 << 20, "train.py:40 in \"step\"".into()),
                     (1, String::new()),
@@ -2771,6 +2772,15 @@ mod tests {
             }),
             elapsed: Duration::from_millis(2),
             driver_calls: 17,
+            calls: DriverCounters {
+                mem_create: 10,
+                mem_map: 7,
+                ..Default::default()
+            },
+            modelled_driver_s: 0.5,
+            modelled_stall_s: 0.25,
+            gpu_lag_ns: 2_000_000,
+            steps: vec![StepStats::default()],
             unmatched_frees: 0,
             live_at_end: 4,
             series: vec![
@@ -2797,6 +2807,7 @@ mod tests {
                 seeded: 2,
                 peak_requested: 100 << 20,
                 native_recorded: Some(120 << 20),
+                native_recorded_calls: None,
             },
             recorded_series: Some(vec![Point {
                 event: 0,
@@ -2805,10 +2816,20 @@ mod tests {
             }]),
             emulated: Some(Emulated {
                 result: NativeResult {
-                    peak_reserved: 130 << 20,
+                    replay: ReplayResult {
+                        peak_reserved: 130 << 20,
+                        series: vec![],
+                        native_peak_reserved: None,
+                        oom: None,
+                        driver_calls: 7,
+                        calls: DriverCounters {
+                            mem_alloc: 7,
+                            ..Default::default()
+                        },
+                        ..result.clone()
+                    },
                     peak_allocated: 100 << 20,
                     oom_event: None,
-                    series: vec![],
                     segments_created: 7,
                     segments_released: 0,
                     alloc_retries: 0,
@@ -2859,6 +2880,19 @@ mod tests {
         "ns_per_event",
         "events_per_s",
         "driver_calls",
+        "driver_calls_by_kind",
+        "modelled_driver_s",
+        "modelled_stall_s",
+        "steps",
+        "gpu_lag_us",
+        "repeat",
+        "driver_costs",
+        "native_driver_calls",
+        "native_driver_calls_by_kind",
+        "native_modelled_driver_s",
+        "native_modelled_stall_s",
+        "native_driver_calls_from",
+        "native_steps",
         "error",
     ];
 
@@ -2885,6 +2919,13 @@ mod tests {
                 J::Num((130u64 << 20) as f64)
             );
             assert_eq!(*v.get("native_emulated_oom_event"), J::Null);
+            assert_eq!(*v.get("gpu_lag_us"), J::Num(2000.0));
+            assert_eq!(*v.get("native_driver_calls"), J::Num(7.0));
+            assert_eq!(*v.get("native_driver_calls_from"), J::Str("emulated".into()));
+            assert_eq!(
+                *v.get("native_driver_calls_by_kind").get("cuMemAlloc"),
+                J::Num(7.0)
+            );
             if error {
                 assert_eq!(*v.get("error"), J::Str("boom \"x\"".into()));
                 assert_eq!(*v.get("peak_reserved_bytes"), J::Null);
@@ -2894,6 +2935,15 @@ mod tests {
                 assert_eq!(*v.get("fragmentation"), J::Num(0.1));
                 assert_eq!(*v.get("driver_calls"), J::Num(17.0));
                 assert_eq!(*v.get("ns_per_event"), J::Num(200_000.0));
+                assert_eq!(*v.get("modelled_driver_s"), J::Num(0.5));
+                let k = v.get("driver_calls_by_kind");
+                assert_eq!(*k.get("cuMemCreate"), J::Num(10.0));
+                assert_eq!(*k.get("cuMemMap"), J::Num(7.0));
+                let J::Arr(steps) = v.get("steps") else {
+                    panic!()
+                };
+                assert_eq!(steps.len(), 1);
+                assert_eq!(*steps[0].get("peak_reserved_bytes"), J::Num(0.0));
             }
             if oom {
                 assert_eq!(*v.get("oom_event"), J::Num(7.0));
