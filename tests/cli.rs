@@ -81,7 +81,20 @@ fn help_lists_commands_options_and_exit_codes() {
 #[test]
 fn unknown_command() {
     let o = torch_arena(&["replya"]);
-    assert_usage_error(&o, &["unknown command 'replya'", "replay, synth, demo"]);
+    assert_usage_error(
+        &o,
+        &["unknown command 'replya'", "replay, synth, convert, demo"],
+    );
+}
+
+#[test]
+fn version_is_printed() {
+    let o = torch_arena(&["--version"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        format!("torch-arena {}\n", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
@@ -240,7 +253,9 @@ fn demo_model_runs_the_modelled_loop() {
         assert!(out.contains("1 steps in"), "{out}");
     }
     let o = torch_arena(&["demo", "--model", "--capacity", "1GiB"]);
-    assert_usage_error(&o, &["--capacity and --plot are for the trace replay"]);
+    assert_usage_error(&o, &["--capacity, --plot", "are for the trace replay"]);
+    let o = torch_arena(&["demo", "--model", "--gpu-lag", "1ms"]);
+    assert_usage_error(&o, &["--gpu-lag", "are for the trace replay"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -530,4 +545,152 @@ fn convert_writes_a_trace_that_replays_the_same() {
         &["-o FILE"],
     );
     assert_usage_error(&torch_arena(&["convert"]), &["which trace"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timing model: --repeat, --gpu-lag, --driver-costs
+
+/// The number after `"key": ` at or after byte `from` of `line`.
+fn num_after(line: &str, key: &str, from: usize) -> f64 {
+    let pat = format!("\"{key}\": ");
+    let at = line[from..]
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key}: {line}"))
+        + from;
+    let rest = &line[at + pat.len()..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}: {}", &rest[..end]))
+}
+
+/// The `"key": {...}` object of call counts at or after byte `from`, as (name, count) pairs.
+fn calls_after(line: &str, key: &str, from: usize) -> Vec<(String, f64)> {
+    let pat = format!("\"{key}\": {{");
+    let at = line[from..].find(&pat).unwrap() + from + pat.len();
+    let body = &line[at..at + line[at..].find('}').unwrap()];
+    body.split(", ")
+        .map(|kv| {
+            let (k, v) = kv.split_once(": ").unwrap();
+            (k.trim_matches('"').to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn timing_options_reach_the_json() {
+    let dir = scratch("timing");
+    let costs = dir.join("costs.txt");
+    std::fs::write(&costs, "# slower maps\ncuMemMap = 10\ncudaMalloc: 100\n").unwrap();
+    let o = torch_arena(&[
+        "replay",
+        "--json",
+        "--native",
+        "--repeat",
+        "3",
+        "--gpu-lag",
+        "500us",
+        "--driver-costs",
+        costs.to_str().unwrap(),
+        "--capacity",
+        "80GiB",
+        "synth:rmm-random:2000:64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = stdout(&o);
+    let line = line.trim_end();
+    assert_eq!(num_after(line, "gpu_lag_us", 0), 500.0);
+    assert_eq!(num_after(line, "repeat", 0), 3.0);
+    assert!(line.contains(&format!("\"driver_costs\": \"{}\"", costs.display())));
+    // Counts by kind add up to driver_calls, and modelled time is Σ count × latency.
+    let latency = |k: &str| match k {
+        "cuMemAddressReserve" | "cuMemAddressFree" => 19.0,
+        "cuMemCreate" => 193.0,
+        "cuMemRelease" => 26.0,
+        "cuMemMap" => 10.0,
+        "cuMemUnmap" => 25.6,
+        "cuMemSetAccess" => 36.0,
+        "cuMemAlloc" => 100.0,
+        "cuMemFree" => 52.0,
+        "cuEventDestroy" | "cuEventQuery" | "cuMemGetInfo" => 1.0,
+        _ => 2.0,
+    };
+    for prefix in ["", "native_"] {
+        let calls = calls_after(line, &format!("{prefix}driver_calls_by_kind"), 0);
+        assert_eq!(calls.len(), 17, "{calls:?}");
+        let total: f64 = calls.iter().map(|(_, n)| n).sum();
+        assert_eq!(total, num_after(line, &format!("{prefix}driver_calls"), 0));
+        assert!(total > 0.0);
+        let secs: f64 = calls.iter().map(|(k, n)| n * latency(k)).sum::<f64>() / 1e6;
+        let got = num_after(line, &format!("{prefix}modelled_driver_s"), 0);
+        assert!((got - secs).abs() < 1e-9, "{prefix}: {got} vs {secs}");
+    }
+    // Three steps each, for the arena and the emulation.
+    for key in ["steps", "native_steps"] {
+        let at = line.find(&format!("\"{key}\": [")).unwrap();
+        let body = &line[at..at + line[at..].find("}]").unwrap()];
+        assert_eq!(body.matches("\"peak_reserved_bytes\"").count(), 3, "{key}");
+    }
+    assert!(line.contains("\"native_driver_calls_from\": \"emulated\""));
+}
+
+#[test]
+fn timing_options_are_checked() {
+    let t = "synth:rmm-random:10:1MiB";
+    let o = torch_arena(&["replay", "--gpu-lag", "5 parsecs", t]);
+    assert_usage_error(&o, &["--gpu-lag: '5 parsecs' is not a duration", "5ms"]);
+    let o = torch_arena(&["replay", "--repeat", "0", t]);
+    assert_usage_error(&o, &["--repeat: '0' must be from 1"]);
+    let o = torch_arena(&["replay", "--driver-costs", "/no/such/costs", t]);
+    assert_usage_error(&o, &["driver costs file '/no/such/costs'"]);
+    let dir = scratch("bad-costs");
+    let costs = dir.join("costs.txt");
+    std::fs::write(&costs, "cuMemFrob = 3\n").unwrap();
+    let o = torch_arena(&["replay", "--driver-costs", costs.to_str().unwrap(), t]);
+    assert_usage_error(&o, &["unknown call 'cuMemFrob'", "cuMemCreate"]);
+}
+
+#[test]
+fn gpu_lag_zero_is_the_replay_without_a_lag_model() {
+    // The same figures as the replay always gave: no stall, and the peaks and calls of a lag-0
+    // run do not depend on the per-event clock.
+    let args = |lag: &'static str| {
+        vec![
+            "replay",
+            "--json",
+            "--gpu-lag",
+            lag,
+            "--capacity",
+            "2GiB",
+            "synth:rmm-random:3000:128MiB",
+        ]
+    };
+    let a = stdout(&torch_arena(&args("0")));
+    assert_eq!(num_after(&a, "modelled_stall_s", 0), 0.0);
+    let b = stdout(&torch_arena(&args("0ms")));
+    for k in ["peak_reserved_bytes", "driver_calls", "modelled_driver_s"] {
+        assert_eq!(num_after(&a, k, 0), num_after(&b, k, 0), "{k}");
+    }
+}
+
+#[test]
+fn repeat_shows_a_steady_state_table() {
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--repeat",
+        "2",
+        "synth:rmm-random:1000:4MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "2 steps of the trace; GPU lag 2.00 ms",
+        "driver time",
+        "stall",
+        "steady state",
+        "last step: memory calls",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
 }

@@ -666,21 +666,19 @@ fn native_call_counts_match_a_hand_count() {
         gpu_lag_ns: 1_000_000,
         ..Timing::default()
     };
-    let r = native::simulate_timed(&t, &NativeOptions::new(60 * MIB), &timing, &mut |_, _| {})
-        .unwrap();
+    let r =
+        native::simulate_timed(&t, &NativeOptions::new(60 * MIB), &timing, &mut |_, _| {}).unwrap();
     let c = r.calls;
     assert_eq!((c.mem_alloc, c.mem_free), (4, 2), "{c:?}");
     assert_eq!(c.total(), 6);
-    assert_eq!(r.modelled_stall_s, 0.001, "one release episode waits one lag");
+    assert_eq!(
+        r.modelled_stall_s, 0.001,
+        "one release episode waits one lag"
+    );
     assert!((r.modelled_driver_s - (4.0 * 230.0 + 2.0 * 52.0) / 1e6).abs() < 1e-12);
     // Expandable segments: the large pool grows by 20 MiB handles, one cuMemSetAccess per
     // growth, one reservation per (stream, pool); an OOM unmaps after a stream synchronisation.
-    let t = trace(&[
-        S::A(1, 30 * MIB),
-        S::A(2, 4096),
-        S::F(1),
-        S::A(3, 50 * MIB),
-    ]);
+    let t = trace(&[S::A(1, 30 * MIB), S::A(2, 4096), S::F(1), S::A(3, 50 * MIB)]);
     let o = NativeOptions {
         expandable_segments: true,
         ..NativeOptions::new(100 * MIB)
@@ -693,7 +691,10 @@ fn native_call_counts_match_a_hand_count() {
     assert_eq!(c.mem_create, 2 + 1 + 1, "{c:?}");
     assert_eq!(c.mem_map, c.mem_create);
     assert_eq!(c.set_access, 3);
-    assert_eq!((c.mem_unmap, c.mem_release, c.stream_synchronize), (0, 0, 0));
+    assert_eq!(
+        (c.mem_unmap, c.mem_release, c.stream_synchronize),
+        (0, 0, 0)
+    );
 }
 
 /// With a GPU lag, a page freed on one stream and needed at once on another is not taken
@@ -744,9 +745,8 @@ fn zero_lag_is_the_plain_replay_on_every_shared_trace() {
         };
         let r = replay(&t, &o, &mut |_, _| {}).unwrap();
         // The plain loop, as the replayer was before the timing model.
-        let sim = std::sync::Arc::new(
-            SimDevice::new(SimConfig::new(capacity, 2 * MIB, false)).unwrap(),
-        );
+        let sim =
+            std::sync::Arc::new(SimDevice::new(SimConfig::new(capacity, 2 * MIB, false)).unwrap());
         let arena = Arena::new(sim.clone(), &Config::default()).unwrap();
         let before = sim.counters();
         let mut live = std::collections::HashMap::new();
@@ -772,7 +772,11 @@ fn zero_lag_is_the_plain_replay_on_every_shared_trace() {
         }
         let peak = arena.stats().reserved_bytes.all().peak as u64;
         assert_eq!(r.peak_reserved, peak, "{name}");
-        assert_eq!(r.driver_calls, sim.counters().since(&before).total(), "{name}");
+        assert_eq!(
+            r.driver_calls,
+            sim.counters().since(&before).total(),
+            "{name}"
+        );
         assert_eq!(r.oom.map(|o| o.event), oom, "{name}");
         assert_eq!(r.modelled_stall_s, 0.0, "{name}");
         checked += 1;

@@ -2921,7 +2921,10 @@ mod tests {
             assert_eq!(*v.get("native_emulated_oom_event"), J::Null);
             assert_eq!(*v.get("gpu_lag_us"), J::Num(2000.0));
             assert_eq!(*v.get("native_driver_calls"), J::Num(7.0));
-            assert_eq!(*v.get("native_driver_calls_from"), J::Str("emulated".into()));
+            assert_eq!(
+                *v.get("native_driver_calls_from"),
+                J::Str("emulated".into())
+            );
             assert_eq!(
                 *v.get("native_driver_calls_by_kind").get("cuMemAlloc"),
                 J::Num(7.0)

@@ -15,6 +15,11 @@
 //!   driver call. Giving memory back to the driver (`unmap`, `release_page`, `free_plain`) while
 //!   an uncompleted launch may use it does not fail, as on a real GPU, but is recorded in
 //!   [`SimDevice::violations`]; so is a launch over memory that is not mapped.
+//! - **A host clock** for the lab's GPU lag: a launch may carry a due time
+//!   ([`SimDevice::launch_until`]) and completes once [`SimDevice::advance_to`] reaches it; a
+//!   synchronising call (cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize) that
+//!   completes work not yet due makes the host wait until it is: the wait is added to
+//!   [`SimDevice::stall_ns`] and the clock moves on. Launches without a due time behave as before.
 //! - **Failure injection and leak accounting** for the arena's error paths and leak tests.
 //!
 //! Invariants kept under the one lock:
