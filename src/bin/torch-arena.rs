@@ -26,8 +26,9 @@ use torch_arena::trace::plot::{self, Line, Panel, Style};
 use torch_arena::trace::replay::{
     self, DEFAULT_GPU_LAG_NS, OomReport, Point, ReplayOptions, ReplayResult, StepStats, Timing,
 };
+use torch_arena::trace::training::TrainingLoop;
 use torch_arena::trace::{self as tr, Kind, Source, Trace, synth};
-use torch_arena::{Error, TorchArena};
+use torch_arena::TorchArena;
 
 const USAGE: &str = "\
 usage: torch-arena <command> [options]
@@ -2231,18 +2232,25 @@ fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     println!("torch-arena demo: a transformer training loop modelled on a simulated GPU ({conf})");
     println!();
     println!(
-        " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op"
+        " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op  \
+         | mem calls | driver time"
     );
     let started = Instant::now();
     let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
+    let costs = DriverCosts::default();
+    let counters = || -> CliResult<DriverCounters> {
+        Ok(arena.arena(0).map_err(|e| e.to_string())?.device().counters())
+    };
     for step in 1..=steps {
         let t = Instant::now();
+        let before = counters()?;
         let ops = workload.step(step).map_err(|e| e.to_string())?;
+        let calls = counters()?.since(&before);
         let s = arena.stats(0).map_err(|e| e.to_string())?;
         let frag =
             1.0 - s.requested_bytes.all().peak as f64 / s.reserved_bytes.all().peak.max(1) as f64;
         println!(
-            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns",
+            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11}",
             s.allocation.all().current,
             mib(s.allocated_bytes.all().current),
             mib(s.allocated_bytes.all().peak),
@@ -2250,8 +2258,16 @@ fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
             mib(s.reserved_bytes.all().peak),
             frag * 100.0,
             t.elapsed().as_nanos() / ops.max(1) as u128,
+            fmt_count(calls.memory_calls()),
+            fmt_secs(costs.seconds(&calls)),
         );
     }
+    println!();
+    println!(
+        "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
+         reserve); driver time: all its calls priced at the A100 latencies (BENCHMARKS.md). A \
+         warm native allocator makes no memory call in a step that repeats its shapes."
+    );
     println!();
     print!("{}", arena.summary(0, false).map_err(|e| e.to_string())?);
     println!("{steps} steps in {:.2} s", started.elapsed().as_secs_f64());
@@ -2260,142 +2276,6 @@ fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
 
 fn mib(bytes: i64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
-}
-
-/// A GPT-style model: 12 layers of width 768, batch 8, a sequence length that changes every step
-/// (as with packed or variable-length batches), fp32 weights, Adam state, and activations kept
-/// for backward. Sizes follow the tensor shapes of such a model; the order follows autograd:
-/// forward allocates activations layer by layer, backward frees them in reverse while allocating
-/// gradients, the optimizer step allocates temporaries.
-struct TrainingLoop<'a> {
-    arena: &'a TorchArena,
-    params: Vec<(u64, usize)>,
-    state: Vec<(u64, usize)>,
-    rng: u64,
-}
-
-const LAYERS: usize = 12;
-const WIDTH: usize = 768;
-const BATCH: usize = 8;
-const VOCAB: usize = 50_304;
-const STREAM: u64 = 0;
-
-impl<'a> TrainingLoop<'a> {
-    fn new(arena: &'a TorchArena) -> Result<Self, Error> {
-        let mut me = TrainingLoop {
-            arena,
-            params: Vec::new(),
-            state: Vec::new(),
-            rng: 0x9e37_79b9_7f4a_7c15,
-        };
-        let mut shapes = vec![VOCAB * WIDTH, 1024 * WIDTH];
-        for _ in 0..LAYERS {
-            shapes.extend([
-                3 * WIDTH * WIDTH,
-                3 * WIDTH,
-                WIDTH * WIDTH,
-                WIDTH,
-                4 * WIDTH * WIDTH,
-                4 * WIDTH,
-            ]);
-            shapes.extend([WIDTH * 4 * WIDTH, WIDTH, WIDTH, WIDTH, WIDTH, WIDTH]);
-        }
-        for n in shapes {
-            let bytes = n * 4;
-            me.params.push((me.alloc(bytes)?, bytes));
-            // Adam: exp_avg and exp_avg_sq, created on the first step in real runs; up front here.
-            for _ in 0..2 {
-                me.state.push((me.alloc(bytes)?, bytes));
-            }
-        }
-        Ok(me)
-    }
-
-    fn alloc(&self, bytes: usize) -> Result<u64, Error> {
-        self.arena.malloc(bytes, 0, STREAM)
-    }
-
-    fn free(&self, (ptr, bytes): (u64, usize)) -> Result<(), Error> {
-        self.arena.free(ptr, bytes, 0, STREAM)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
-    }
-
-    /// One training step; returns the number of alloc/free calls it made.
-    fn step(&mut self, _step: u32) -> Result<u64, Error> {
-        let seq = 128 * (1 + (self.next() % 8) as usize);
-        let tokens = BATCH * seq;
-        let mut ops = 0u64;
-        let mut saved: Vec<(u64, usize)> = Vec::new();
-        let mut transient: Vec<(u64, usize)> = Vec::new();
-        let take = |me: &Self, bytes: usize, keep: bool, saved: &mut Vec<_>, tr: &mut Vec<_>| {
-            let a = (me.alloc(bytes)?, bytes);
-            if keep {
-                saved.push(a)
-            } else {
-                tr.push(a)
-            }
-            Ok::<_, Error>(())
-        };
-        // Forward: embeddings, then per layer the tensors autograd keeps, and short-lived ones.
-        take(self, tokens * WIDTH * 4, true, &mut saved, &mut transient)?;
-        for _ in 0..LAYERS {
-            for (bytes, keep) in [
-                (tokens * WIDTH * 4, true),          // layer-norm output
-                (tokens * 3 * WIDTH * 4, true),      // qkv
-                (BATCH * 12 * seq * seq * 4, true),  // attention scores
-                (BATCH * 12 * seq * seq * 4, false), // softmax temporary
-                (tokens * WIDTH * 4, true),          // attention output
-                (tokens * 4 * WIDTH * 4, true),      // mlp hidden
-                (tokens * 4 * WIDTH * 4, false),     // gelu temporary
-                (tokens * WIDTH * 4, true),          // residual
-                (tokens * 8, false),                 // layer-norm statistics
-            ] {
-                take(self, bytes, keep, &mut saved, &mut transient)?;
-                ops += 1;
-            }
-            for t in transient.drain(..) {
-                self.free(t)?;
-                ops += 1;
-            }
-        }
-        let logits = (self.alloc(tokens * VOCAB * 4)?, tokens * VOCAB * 4);
-        let loss = (self.alloc(4)?, 4);
-        ops += 2;
-        // Backward: gradients of activations flow back; saved tensors die in reverse order.
-        self.free(logits)?;
-        let mut grads = Vec::new();
-        let mut grad_act = (self.alloc(tokens * WIDTH * 4)?, tokens * WIDTH * 4);
-        ops += 2;
-        while let Some(t) = saved.pop() {
-            let g = (self.alloc(t.1)?, t.1);
-            self.free(t)?;
-            self.free(std::mem::replace(&mut grad_act, g))?;
-            ops += 3;
-        }
-        self.free(grad_act)?;
-        for &(_, bytes) in &self.params {
-            grads.push((self.alloc(bytes)?, bytes));
-            ops += 1;
-        }
-        // Optimizer: a temporary per parameter, then the gradients are released (zero_grad).
-        for &(_, bytes) in &self.params {
-            let tmp = (self.alloc(bytes)?, bytes);
-            self.free(tmp)?;
-            ops += 2;
-        }
-        for g in grads {
-            self.free(g)?;
-            ops += 1;
-        }
-        self.free(loss)?;
-        Ok(ops + 1)
-    }
 }
 
 #[cfg(test)]
