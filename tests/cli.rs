@@ -694,3 +694,31 @@ fn repeat_shows_a_steady_state_table() {
         assert!(out.contains(s), "lacks {s:?}: {out}");
     }
 }
+
+#[test]
+fn demo_runs_from_a_copy_of_the_command_anywhere() {
+    // The demo trace is built into the command: a copy in a folder outside the source tree,
+    // run from there, replays it (the wheel installs exactly such a copy; the installed-wheel
+    // test is tests/python/test_demo_installed.py).
+    let dir = scratch("demo-anywhere");
+    let exe = dir.join("torch-arena");
+    std::fs::copy(env!("CARGO_BIN_EXE_torch-arena"), &exe).unwrap();
+    let o = Command::new(&exe)
+        .args(["demo", "--no-progress"])
+        .current_dir(&dir)
+        .env_remove("TORCH_ARENA_DEMO_TRACE")
+        .env_remove("TORCH_ARENA_CONF")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "the demo trace built into torch-arena",
+        "3 steps of the trace",
+        "native (emulated)",
+        "Memory driver calls per step, steady state",
+        "the same for native (emulated)",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
+}

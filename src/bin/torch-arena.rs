@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use torch_arena::TorchArena;
 use torch_arena::config::{Config, DeviceKind};
 use torch_arena::device::DriverCounters;
 use torch_arena::device::costs::DriverCosts;
@@ -28,7 +29,6 @@ use torch_arena::trace::replay::{
 };
 use torch_arena::trace::training::TrainingLoop;
 use torch_arena::trace::{self as tr, Kind, Source, Trace, synth};
-use torch_arena::TorchArena;
 
 const USAGE: &str = "\
 usage: torch-arena <command> [options]
@@ -120,9 +120,9 @@ synth:
                     `replay synth:...` replays the same trace without a file
 
 demo options:
-  (none)            replay traces/demo-train.trace.gz from the source tree (set
-                    TORCH_ARENA_DEMO_TRACE to use another trace; scripts/make-demo-trace makes
-                    it) with the native allocator emulated beside the arena
+  (none)            replay the demo trace built into the command (traces/demo-train.trace.gz,
+                    made by scripts/make-demo-trace; set TORCH_ARENA_DEMO_TRACE to use another
+                    trace) with the native allocator emulated beside the arena
   --capacity SIZE, --conf CONF, --plot FILE, --gpu-lag DURATION, --driver-costs FILE,
   --progress, --no-progress
                     as for replay
@@ -164,6 +164,11 @@ const DEFAULT_SEED: u64 = 1;
 const DEMO_REPEAT: u32 = 3;
 /// Where the shipped demo trace lives, relative to the source tree.
 const DEMO_TRACE_REL: &str = "traces/demo-train.trace.gz";
+/// The demo trace, built into the command so that `torch-arena demo` works from an installed
+/// wheel anywhere (`scripts/make-demo-trace` rewrites the file; rebuild to embed the new one).
+const DEMO_TRACE: &[u8] = include_bytes!("../../traces/demo-train.trace.gz");
+/// Its name in tables and plots.
+const DEMO_TRACE_NAME: &str = "demo-train.trace.gz";
 
 /// A failure: the message (without the `torch-arena: ` prefix), printed on stderr, exit 1.
 type CliResult<T> = Result<T, String>;
@@ -452,6 +457,8 @@ impl SynthSpec {
 enum TraceArg {
     File(PathBuf),
     Synth(SynthSpec, String),
+    /// A trace file's bytes built into the command, and its name (the demo trace).
+    Embedded(&'static [u8], &'static str),
 }
 
 impl TraceArg {
@@ -475,6 +482,7 @@ impl TraceArg {
         match self {
             TraceArg::File(p) => p.display().to_string(),
             TraceArg::Synth(_, t) => t.clone(),
+            TraceArg::Embedded(_, name) => format!("(built in) {name}"),
         }
     }
 
@@ -486,6 +494,7 @@ impl TraceArg {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| p.display().to_string()),
             TraceArg::Synth(_, t) => t.clone(),
+            TraceArg::Embedded(_, name) => name.to_string(),
         }
     }
 
@@ -493,6 +502,25 @@ impl TraceArg {
     fn load(&self) -> CliResult<Trace> {
         match self {
             TraceArg::Synth(spec, _) => Ok(spec.build()),
+            TraceArg::Embedded(bytes, name) => {
+                // The readers take a file: write the bytes to a private temporary one.
+                let dir = std::env::temp_dir().join(format!(
+                    "torch-arena-{}-{}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos())
+                ));
+                let file = dir.join(name);
+                let loaded = std::fs::create_dir(&dir)
+                    .and_then(|()| std::fs::write(&file, bytes))
+                    .map_err(|e| format!("{name}: cannot write it to {}: {e}", dir.display()))
+                    .and_then(|()| tr::load(&file).map_err(|e| format!("{name}: {e}")));
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut t = loaded?;
+                t.name = name.to_string();
+                Ok(t)
+            }
             TraceArg::File(p) => tr::load(p).map_err(|e| {
                 let m = e.to_string();
                 let shown = p.display().to_string();
@@ -1088,7 +1116,7 @@ impl TraceOutcome {
 fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
     let name = arg.name();
     let verb = match arg {
-        TraceArg::File(_) => "loading",
+        TraceArg::File(_) | TraceArg::Embedded(..) => "loading",
         TraceArg::Synth(..) => "generating",
     };
     let trace = with_spinner(s.progress, verb, &name, || arg.load())?;
@@ -2039,25 +2067,27 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
     s.plot = plot_file;
     s.add_conf(conf.as_deref().unwrap_or(""))?;
     s.check_plot()?;
-    let (path, from_env) = demo_trace_path();
-    if !path.is_file() {
-        let source = if from_env {
-            "TORCH_ARENA_DEMO_TRACE names"
-        } else {
-            "the demo replays"
-        };
-        return Err(format!(
-            "demo: {source} '{}', which does not exist.\n  \
-             Make it from a source checkout with: scripts/make-demo-trace\n  \
-             (it records `torch-arena demo --model --steps 12` through the trace:PATH recorder),\n  \
-             or set TORCH_ARENA_DEMO_TRACE to a trace file, or run the modelled loop directly:\n  \
-             torch-arena demo --model",
-            path.display()
-        ));
-    }
-    let arg = TraceArg::File(path.clone());
+    let from_env = std::env::var_os("TORCH_ARENA_DEMO_TRACE").filter(|p| !p.is_empty());
+    let arg = match &from_env {
+        Some(p) => {
+            let path = PathBuf::from(p);
+            if !path.is_file() {
+                return Err(format!(
+                    "demo: TORCH_ARENA_DEMO_TRACE names '{}', which does not exist.\n  \
+                     Unset it to replay the trace built into torch-arena, make one from a source \
+                     checkout with: scripts/make-demo-trace\n  \
+                     (it records `torch-arena demo --model --steps 12` through the trace:PATH \
+                     recorder),\n  or run the modelled loop directly: torch-arena demo --model",
+                    path.display()
+                ));
+            }
+            TraceArg::File(path)
+        }
+        None => TraceArg::Embedded(DEMO_TRACE, DEMO_TRACE_NAME),
+    };
+    let path = PathBuf::from(arg.text());
     let o = replay_trace(&s, &arg)?;
-    let intro = if from_env {
+    let intro = if from_env.is_some() {
         format!(
             "torch-arena demo: replaying {} (from TORCH_ARENA_DEMO_TRACE), {} allocation events, \
              on a simulated {} GPU, beside PyTorch's native caching allocator emulated on the same \
@@ -2068,7 +2098,8 @@ fn demo_command(args: &[String]) -> CliResult<u8> {
         )
     } else {
         format!(
-            "torch-arena demo: replaying {DEMO_TRACE_REL}, 12 training steps of a GPT-style model \
+            "torch-arena demo: replaying the demo trace built into torch-arena ({DEMO_TRACE_REL}), \
+             12 training steps of a GPT-style model \
              (12 layers of width 768, batch 8, a sequence length that changes every step, Adam) \
              recorded through the plugin's trace recorder: {} allocations and frees, on a \
              simulated {} GPU, beside PyTorch's native caching allocator emulated on the same \
@@ -2154,17 +2185,6 @@ fn steady_calls(steps: &[StepStats]) -> String {
     )
 }
 
-/// The demo trace: `TORCH_ARENA_DEMO_TRACE`, or the one in the source tree this was built from.
-fn demo_trace_path() -> (PathBuf, bool) {
-    match std::env::var_os("TORCH_ARENA_DEMO_TRACE") {
-        Some(p) if !p.is_empty() => (PathBuf::from(p), true),
-        _ => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(DEMO_TRACE_REL),
-            false,
-        ),
-    }
-}
-
 /// A paragraph that reads the demo's table for a person.
 fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> String {
     let nbb = |b| nb(fmt_bytes(b));
@@ -2239,7 +2259,11 @@ fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
     let costs = DriverCosts::default();
     let counters = || -> CliResult<DriverCounters> {
-        Ok(arena.arena(0).map_err(|e| e.to_string())?.device().counters())
+        Ok(arena
+            .arena(0)
+            .map_err(|e| e.to_string())?
+            .device()
+            .counters())
     };
     for step in 1..=steps {
         let t = Instant::now();
