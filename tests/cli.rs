@@ -465,7 +465,7 @@ fn unreadable_trace_file_is_named_and_the_others_still_run() {
 
 #[test]
 fn synth_writes_a_trace_file() {
-    // Needs trace::format::write too (see write_trace in src/bin/torch-arena.rs).
+    // Needs trace::format::write too (see write_trace in src/bin/torch-arena/convert.rs).
     let dir = scratch("synth");
     let file = dir.join("rmm.trace.gz");
     let o = torch_arena(&[

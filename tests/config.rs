@@ -360,7 +360,7 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, sites, \
+         page_size_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, driver_costs, sites, \
          sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
     );
     fails_with(
