@@ -722,3 +722,70 @@ fn demo_runs_from_a_copy_of_the_command_anywhere() {
         assert!(out.contains(s), "lacks {s:?}: {out}");
     }
 }
+
+#[test]
+fn plots_show_capacity_oom_seeded_and_driver_time() {
+    // The adversarial trace at its own capacity: the native emulation runs out of memory, the
+    // capacity line is inside the plot, and both allocators' driver time is drawn.
+    let dir = scratch("plot-marks");
+    let svg = dir.join("adv.svg");
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--capacity",
+        "1GiB",
+        "--plot",
+        svg.to_str().unwrap(),
+        "synth:adversarial:1GiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(
+        text.matches("<line class=\"capacity\"").count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains("capacity 1 GiB"));
+    assert_eq!(text.matches("<line class=\"oom\"").count(), 1, "{text}");
+    assert!(text.contains(">OOM: native (emulated)</text>"));
+    assert_eq!(text.matches("class=\"driver-time\"").count(), 2);
+    assert!(text.contains("modelled driver time: native (emulated)"));
+    // An arena out-of-memory is marked too, in its own colour.
+    let svg = dir.join("oom.svg");
+    let o = torch_arena(&[
+        "replay",
+        "--capacity",
+        "256MiB",
+        "--plot",
+        svg.to_str().unwrap(),
+        "synth:rmm-random:2000:64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains(">OOM: arena (defaults)</text>"), "{text}");
+}
+
+#[test]
+fn many_traces_make_an_overview_chart() {
+    let dir = scratch("overview");
+    let svg = dir.join("all.svg");
+    let traces: Vec<String> = (1..=8)
+        .map(|s| format!("synth:rmm-random:300:4MiB:{s}"))
+        .collect();
+    let mut args = vec!["replay", "--native", "--plot", svg.to_str().unwrap()];
+    args.extend(traces.iter().map(String::as_str));
+    let o = torch_arena(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("overview of 8 traces"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(text.matches("<g>").count(), 0, "no stacked panels");
+    for t in &traces {
+        assert!(text.contains(&format!(">{t}</text>")), "{t}");
+    }
+    assert!(text.contains("peak reserved, ours / native"));
+    assert!(text.contains("modelled driver time, ours / native"));
+}

@@ -761,7 +761,7 @@ pub fn recorded_series(trace: &Trace, points: usize) -> Option<Vec<Point>> {
                 }
             }
         }
-        series.push(i, requested, reserved);
+        series.push(i, requested, reserved, 0);
     }
     Some(series.finish())
 }

@@ -114,6 +114,8 @@ pub struct Point {
     pub event: usize,
     pub requested: u64,
     pub reserved: u64,
+    /// Modelled driver time so far, in nanoseconds (0 where not modelled).
+    pub driver_ns: u64,
 }
 
 /// What was going on when an allocation failed.
@@ -212,7 +214,7 @@ impl SeriesBuilder {
 
     /// The figures after event `event` (events come in increasing order).
     #[inline]
-    pub(crate) fn push(&mut self, event: usize, requested: u64, reserved: u64) {
+    pub(crate) fn push(&mut self, event: usize, requested: u64, reserved: u64, driver_ns: u64) {
         if self.bucket == 0 {
             return;
         }
@@ -222,11 +224,13 @@ impl SeriesBuilder {
                 p.event = event;
                 p.requested = p.requested.max(requested);
                 p.reserved = p.reserved.max(reserved);
+                p.driver_ns = p.driver_ns.max(driver_ns);
             }
             _ => self.points.push(Point {
                 event,
                 requested,
                 reserved,
+                driver_ns,
             }),
         }
     }
@@ -498,7 +502,8 @@ pub fn run(
                 .now_ns
                 .saturating_add(policy.stall_ns().saturating_sub(stall));
             if series.enabled() {
-                series.push(done, requested, policy.reserved());
+                let driver = timing.costs.seconds(&policy.counters().since(&calls_start));
+                series.push(done, requested, policy.reserved(), (driver * 1e9) as u64);
             }
             done += 1;
             if done % tick == 0 {

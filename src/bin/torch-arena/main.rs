@@ -23,7 +23,7 @@ use torch_arena::config::{Config, DeviceKind};
 use torch_arena::device::DriverCounters;
 use torch_arena::device::costs::DriverCosts;
 use torch_arena::trace::native::{self, NativeOptions, NativeResult};
-use torch_arena::trace::plot::{self, Line, Panel, Style};
+use torch_arena::trace::plot::{self, Line, Mark, OverviewRow, Panel, Style, TimeLine};
 use torch_arena::trace::replay::{
     self as lib_replay, DEFAULT_GPU_LAG_NS, OomReport, Point, ReplayOptions, ReplayResult,
     StepStats, Timing,
@@ -128,9 +128,12 @@ replay options:
                     else recorded: the snapshot's segment events, at least one call each),
                     native_steps (as steps, for the emulation), error; null where unknown. A
                     trace that cannot be read gets {trace, path, error}
-  --plot FILE       draw requested and reserved bytes over each trace into FILE (.svg or .png):
-                    one panel per trace, stacked in one image; with {trace} in FILE, one file
-                    per trace, {trace} replaced by the trace's name
+  --plot FILE       draw requested and reserved bytes over each trace into FILE (.svg or .png),
+                    with the capacity, the seeded part, out-of-memory markers and each
+                    allocator's modelled driver time (right axis): one panel per trace, stacked
+                    in one image; with {trace} in FILE, one file per trace, {trace} replaced by
+                    the trace's name. More than 6 traces in one FILE make an overview chart
+                    instead: per trace, ours / native peak reserved and modelled driver time
   --progress        show progress on stderr even when it is not a terminal
   --no-progress     never show progress (default: shown when stderr is a terminal)
 
@@ -177,6 +180,8 @@ const DEMO_SYNOPSIS: &str = "usage: torch-arena demo [--capacity SIZE] [--conf C
 const EXIT_OOM: u8 = 2;
 /// Default simulated capacity.
 const DEFAULT_CAPACITY: u64 = 80 << 30;
+/// A plot of more traces than this (without `{trace}` in its name) is an overview chart.
+const OVERVIEW_AFTER: usize = 6;
 /// Points kept per series for a plot.
 const PLOT_POINTS: usize = 1200;
 /// Default seed of `synth:rmm-random`.

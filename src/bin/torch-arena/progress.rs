@@ -9,7 +9,23 @@ pub(crate) fn stderr_is_terminal() -> bool {
     unsafe { libc::isatty(2) == 1 }
 }
 
-/// A `\r`-redrawn progress line: trace name, bar, percent, events per second. Drawn only after
+/// The time left at the rate so far, as "ETA 12 s", "ETA 3 min 5 s" ("" before any progress).
+pub(crate) fn eta_text(done: usize, total: usize, elapsed: Duration) -> String {
+    if done == 0 || done >= total {
+        return String::new();
+    }
+    let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
+    let secs = left.ceil() as u64;
+    if secs < 60 {
+        format!("ETA {secs} s")
+    } else if secs < 3600 {
+        format!("ETA {} min {} s", secs / 60, secs % 60)
+    } else {
+        format!("ETA {} h {} min", secs / 3600, secs % 3600 / 60)
+    }
+}
+
+/// A `\r`-redrawn progress line: trace name, bar, percent, events per second, ETA. Drawn only after
 /// the work has taken a moment, at most ten times a second, and erased when dropped.
 pub(crate) struct ProgressBar {
     pub(crate) enabled: bool,
@@ -53,12 +69,13 @@ impl ProgressBar {
         let filled = (frac * BAR as f64).round() as usize;
         let rate = done as f64 / since_start.as_secs_f64().max(1e-9);
         let line = format!(
-            "{} [{}{}] {:>5.1} %  {} events/s",
+            "{} [{}{}] {:>5.1} %  {} events/s  {}",
             self.label,
             "#".repeat(filled),
             "-".repeat(BAR - filled),
             frac * 100.0,
-            fmt_rate(rate)
+            fmt_rate(rate),
+            eta_text(done, total, since_start)
         );
         let pad = self.width.saturating_sub(line.chars().count());
         self.width = self.width.max(line.chars().count());

@@ -729,6 +729,69 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
             });
         }
     }
+    // Out-of-memory markers, at the position of the failing event in the replay (which counts
+    // every step's events).
+    let mut marks = Vec::new();
+    let mut times = Vec::new();
+    let mut subtitle = Vec::new();
+    let time_points = |p: &[Point]| -> Vec<(u64, f64)> {
+        p.iter()
+            .map(|p| (p.event as u64, p.driver_ns as f64 / 1e9))
+            .collect()
+    };
+    if let Some(e) = &o.emulated {
+        let r = &e.result;
+        if r.oom.is_some() {
+            marks.push(Mark {
+                event: r.events.saturating_sub(1) as u64,
+                label: "OOM: native (emulated)".into(),
+                style: Style::NativeEmulated,
+            });
+        }
+        if !r.series.is_empty() {
+            times.push(TimeLine {
+                label: "driver time, native (emulated)".into(),
+                style: Style::NativeEmulated,
+                points: time_points(&r.series),
+            });
+        }
+        subtitle.push(format!(
+            "native (emulated) {}",
+            fmt_secs(r.modelled_driver_s)
+        ));
+    }
+    for (n, run) in o.runs.iter().enumerate() {
+        if let Ok(r) = &run.outcome {
+            let who = format!("arena ({})", conf_name(&run.label));
+            if r.oom.is_some() {
+                marks.push(Mark {
+                    event: r.events.saturating_sub(1) as u64,
+                    label: format!("OOM: {who}"),
+                    style: Style::Arena(n),
+                });
+            }
+            if !r.series.is_empty() {
+                times.push(TimeLine {
+                    label: format!("driver time, {who}"),
+                    style: Style::Arena(n),
+                    points: time_points(&r.series),
+                });
+            }
+            subtitle.push(format!("{who} {}", fmt_secs(r.modelled_driver_s)));
+        }
+    }
+    let t = &s.timing;
+    let subtitle = format!(
+        "modelled driver time: {}; {} step{}, GPU lag {}",
+        if subtitle.is_empty() {
+            "–".to_string()
+        } else {
+            subtitle.join(", ")
+        },
+        t.repeat,
+        if t.repeat == 1 { "" } else { "s" },
+        fmt_secs(t.gpu_lag_ns as f64 / 1e9)
+    );
     Panel {
         title: format!(
             "{}: {} {}, {} events, GPU {}",
@@ -738,8 +801,43 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
             fmt_count(i.events as u64),
             fmt_bytes(s.capacity)
         ),
+        subtitle,
         events: i.events as u64,
         lines,
+        capacity: Some(s.capacity),
+        seeded: i.seeded as u64,
+        marks,
+        times,
+    }
+}
+
+/// One row of the overview chart of a sweep: ours (the first setting) against native (emulated
+/// where it ran, else recorded).
+pub(crate) fn overview_row(o: &TraceOutcome) -> OverviewRow {
+    let i = &o.info;
+    let ours = o.runs.first().and_then(|r| r.outcome.as_ref().ok());
+    let em = o.emulated.as_ref().map(|e| &e.result);
+    let native_reserved = em.map(|r| r.peak_reserved).or(i.native_recorded);
+    let native_driver = em.map(|r| r.modelled_driver_s).or(i
+        .native_recorded_calls
+        .map(|c| DriverCosts::default().seconds(&c)));
+    let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+    let mut note = Vec::new();
+    if ours.is_some_and(|r| r.oom.is_some()) {
+        note.push("OOM: arena");
+    }
+    if em.is_some_and(|r| r.oom.is_some()) {
+        note.push("OOM: native");
+    }
+    OverviewRow {
+        name: i.name.clone(),
+        reserved_ratio: ours
+            .zip(native_reserved)
+            .and_then(|(r, n)| ratio(r.peak_reserved as f64, n as f64)),
+        driver_ratio: ours
+            .zip(native_driver)
+            .and_then(|(r, n)| ratio(r.modelled_driver_s, n)),
+        note: note.join(", "),
     }
 }
 
@@ -850,6 +948,7 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
     let mut failed = false;
     let mut oom = false;
     let mut panels = Vec::new();
+    let mut overview = Vec::new();
     let per_trace_plot = s.plot.as_deref().filter(|p| p.contains("{trace}"));
     for arg in traces {
         match replay_trace(s, arg) {
@@ -877,6 +976,7 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
                         }
                     } else {
                         panels.push(p);
+                        overview.push(overview_row(&o));
                     }
                 }
             }
@@ -892,10 +992,34 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
     if let Some(p) = &s.plot
         && per_trace_plot.is_none()
         && !panels.is_empty()
-        && let Err(e) = write_plot(Path::new(p), &panels)
     {
-        eprintln!("torch-arena: {e}");
-        failed = true;
+        let written = if panels.len() > OVERVIEW_AFTER {
+            // Many traces: one row each rather than a panel each stacked into one tall image.
+            let title = format!(
+                "{} traces: ours / native ({}), {} step{}, GPU lag {}, GPU {}",
+                overview.len(),
+                if s.native { "emulated" } else { "recorded" },
+                s.timing.repeat,
+                if s.timing.repeat == 1 { "" } else { "s" },
+                fmt_secs(s.timing.gpu_lag_ns as f64 / 1e9),
+                fmt_bytes(s.capacity)
+            );
+            plot::write_overview(Path::new(p), &title, &overview)
+                .map_err(|e| e.to_string())
+                .map(|()| {
+                    eprintln!(
+                        "torch-arena: overview of {} traces written to {p} (one panel per trace: \
+                         put {{trace}} in the file name)",
+                        overview.len()
+                    )
+                })
+        } else {
+            write_plot(Path::new(p), &panels)
+        };
+        if let Err(e) = written {
+            eprintln!("torch-arena: {e}");
+            failed = true;
+        }
     }
     Ok(if failed {
         1

@@ -325,6 +325,16 @@ fn parse_json(s: &str) -> J {
 }
 
 #[test]
+fn eta_is_the_time_left_at_the_rate_so_far() {
+    let s = Duration::from_secs;
+    assert_eq!(eta_text(0, 100, s(5)), "");
+    assert_eq!(eta_text(100, 100, s(5)), "");
+    assert_eq!(eta_text(50, 100, s(10)), "ETA 10 s");
+    assert_eq!(eta_text(10, 100, s(10)), "ETA 1 min 30 s");
+    assert_eq!(eta_text(1, 1000, s(10)), "ETA 2 h 46 min");
+}
+
+#[test]
 fn json_escapes() {
     assert_eq!(
         json_string("a\"b\\c\nd\u{1}é"),
@@ -386,11 +396,13 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
                 event: 0,
                 requested: 0,
                 reserved: 0,
+                driver_ns: 0,
             },
             Point {
                 event: 9,
                 requested: 100 << 20,
                 reserved: 110 << 20,
+                driver_ns: 0,
             },
         ],
     };
@@ -411,6 +423,7 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
             event: 0,
             requested: 0,
             reserved: 120 << 20,
+            driver_ns: 0,
         }]),
         emulated: Some(Emulated {
             result: NativeResult {
