@@ -783,3 +783,17 @@ fn zero_lag_is_the_plain_replay_on_every_shared_trace() {
     }
     assert!(checked >= 100, "{checked} traces");
 }
+
+/// A replay error names the event (and, after the first pass, the step) it happened at.
+#[test]
+fn replay_errors_name_the_event() {
+    let t = trace(&[S::A(1, MIB), S::A(2, MIB), S::A(1, MIB)]);
+    let e = replay(&t, &opts(GIB, false, false), &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("event 2 allocates id 1 again"), "{e}");
+    let e = native::simulate(&t, &NativeOptions::new(GIB))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("event 2"), "{e}");
+}

@@ -506,7 +506,7 @@ pub fn run(
                 series.push(done, requested, policy.reserved(), (driver * 1e9) as u64);
             }
             done += 1;
-            if done % tick == 0 {
+            if done.is_multiple_of(tick) {
                 progress(done, total);
             }
         }
