@@ -367,17 +367,20 @@ impl Clock {
         }
     }
 
-    /// Moves on to event `time_us`: by its distance from the previous event of the same pass
-    /// (never backwards), or by one event's time.
+    /// Moves on to event `time_us`: by its distance from the previous stamped event of the same
+    /// pass (never backwards), or by one event's time. Events without a stamp (the seeded ones,
+    /// time 0) take one event's time, so the gap between seeds and an epoch-based first stamp
+    /// is not taken for a real one.
     fn tick(&mut self, time_us: i64) -> u64 {
-        let step = match self.last_us {
-            Some(last) if self.stamped => {
-                (time_us.saturating_sub(last).max(0) as u64).saturating_mul(1000)
+        let stamp = (self.stamped && time_us != 0).then_some(time_us);
+        let step = match (self.last_us, stamp) {
+            (Some(last), Some(now)) => {
+                (now.saturating_sub(last).max(0) as u64).saturating_mul(1000)
             }
             _ => self.per_event_ns,
         };
-        if self.stamped {
-            self.last_us = Some(time_us);
+        if stamp.is_some() {
+            self.last_us = stamp;
         }
         self.now_ns = self.now_ns.saturating_add(step);
         self.now_ns
@@ -866,5 +869,53 @@ fn oom_report(
                 (size, text)
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Event, Kind, Source};
+
+    fn stamped(times: &[i64]) -> Trace {
+        Trace {
+            name: "t".into(),
+            source: Source::Synthetic,
+            kind: Kind::Partial,
+            device: 0,
+            seeded: 1,
+            events: times
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Event {
+                    op: Op::Alloc,
+                    id: i as u64,
+                    size: 1,
+                    stream: 0,
+                    time_us: t,
+                    site: 0,
+                })
+                .collect(),
+            sites: vec![],
+            native: None,
+        }
+    }
+
+    #[test]
+    fn the_clock_follows_stamps_and_never_jumps_from_a_seed() {
+        let base = 1_700_000_000_000_000; // µs since the epoch, as PyTorch stamps
+        let t = stamped(&[0, base, base + 100, base + 50, base + 250]);
+        let mut c = Clock::new(&t, 10_000);
+        let ticks: Vec<u64> = t.events.iter().map(|e| c.tick(e.time_us)).collect();
+        // The seed and the first stamp take one event's time; then the stamps' distances, and
+        // a stamp that goes back takes none.
+        assert_eq!(ticks, [10_000, 20_000, 120_000, 120_000, 320_000]);
+        c.new_pass();
+        assert_eq!(c.tick(base), 330_000);
+        // Without stamps: one event's time each.
+        let t = stamped(&[0, 0, 0]);
+        let mut c = Clock::new(&t, 7);
+        let ticks: Vec<u64> = t.events.iter().map(|e| c.tick(e.time_us)).collect();
+        assert_eq!(ticks, [7, 14, 21]);
     }
 }
