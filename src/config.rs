@@ -112,6 +112,9 @@ pub struct Config {
     /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
     /// Python package); `None` = no recording.
     pub trace: Option<String>,
+    /// `driver_costs:PATH`: latencies of the driver calls for the lab's cost model
+    /// (`torch-arena replay`; see `src/device/costs.rs`); `None` = the A100 defaults.
+    pub driver_costs: Option<String>,
     /// `sites:none|python|native|all|auto`: which allocation sites are captured; `None` = `auto`
     /// (not given: see [`Config::effective_sites`]).
     pub sites: Option<SitesMode>,
@@ -154,6 +157,7 @@ impl Default for Config {
             memory_fraction: 1.0,
             slab_max_kb: 1024,
             trace: None,
+            driver_costs: None,
             sites: None,
             sites_every: 1,
             sites_min_kb: 0,
@@ -232,7 +236,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 19] = [
+const KEY_DEFS: [KeyDef; 20] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -387,6 +391,17 @@ const KEY_DEFS: [KeyDef; 19] = [
             c.trace.as_ref().map(|_| ())
         },
         show: |c| c.trace.clone().unwrap_or_default(),
+    },
+    KeyDef {
+        name: "driver_costs",
+        help: "torch-arena replay only: a file of driver call latencies (NAME = MICROSECONDS per \
+               line) that prices the simulated device's calls (default: the A100 figures)",
+        forms: "a file path without ',', ':', '[' or ']'",
+        set: |c, v| {
+            c.driver_costs = Some(v.to_string()).filter(|p| !p.is_empty());
+            c.driver_costs.as_ref().map(|_| ())
+        },
+        show: |c| c.driver_costs.clone().unwrap_or_default(),
     },
     KeyDef {
         name: "sites",

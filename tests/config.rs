@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -44,6 +44,7 @@ const KEYS: [&str; 19] = [
     "memory_fraction",
     "slab_max_kb",
     "trace",
+    "driver_costs",
     "sites",
     "sites_every",
     "sites_min_kb",
@@ -364,7 +365,7 @@ fn unknown_key_suggests_and_lists_every_key() {
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
          page_size_mb, handle_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, \
-         sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
+         driver_costs, sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
     );
     fails_with(
         "Stitch:True",
@@ -490,12 +491,20 @@ fn accepted_keys_is_the_single_table() {
         .collect();
     assert_eq!(
         optional.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
-        ["trace"]
+        ["trace", "driver_costs"]
     );
     for (key, help) in optional {
-        assert!(help.ends_with("(default: no recording)"), "{key}: {help:?}");
+        let default = if *key == "trace" {
+            "(default: no recording)"
+        } else {
+            "(default: the A100 figures)"
+        };
+        assert!(help.ends_with(default), "{key}: {help:?}");
     }
-    let listed: Vec<&(&str, &str)> = table.iter().filter(|(k, _)| *k != "trace").collect();
+    let listed: Vec<&(&str, &str)> = table
+        .iter()
+        .filter(|(k, _)| !["trace", "driver_costs"].contains(k))
+        .collect();
     assert_eq!(
         defaults.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
         listed.iter().map(|(k, _)| *k).collect::<Vec<_>>()

@@ -15,6 +15,7 @@
 //! - An event recorded on a stream completes only after all work queued on that stream before the
 //!   record has completed.
 
+pub mod costs;
 pub mod cuda;
 pub mod sim;
 
@@ -99,6 +100,51 @@ impl DriverCounters {
     /// Total number of calls.
     pub fn total(&self) -> u64 {
         self.entries().iter().map(|(_, v)| v).sum()
+    }
+
+    /// Mutable references to the counts, in the order of [`DriverCounters::entries`].
+    fn fields_mut(&mut self) -> [&mut u64; 17] {
+        [
+            &mut self.address_reserve,
+            &mut self.address_free,
+            &mut self.mem_create,
+            &mut self.mem_release,
+            &mut self.mem_map,
+            &mut self.mem_unmap,
+            &mut self.set_access,
+            &mut self.mem_alloc,
+            &mut self.mem_free,
+            &mut self.event_create,
+            &mut self.event_destroy,
+            &mut self.event_record,
+            &mut self.event_query,
+            &mut self.event_synchronize,
+            &mut self.stream_synchronize,
+            &mut self.device_synchronize,
+            &mut self.mem_get_info,
+        ]
+    }
+
+    /// The calls made since `earlier` (a snapshot of the same counters), kind by kind.
+    pub fn since(&self, earlier: &DriverCounters) -> DriverCounters {
+        let mut out = *self;
+        for (f, (_, e)) in out.fields_mut().into_iter().zip(earlier.entries()) {
+            *f = f.saturating_sub(e);
+        }
+        out
+    }
+
+    /// Adds `other`'s counts to these, kind by kind.
+    pub fn add(&mut self, other: &DriverCounters) {
+        for (f, (_, o)) in self.fields_mut().into_iter().zip(other.entries()) {
+            *f = f.saturating_add(o);
+        }
+    }
+
+    /// Calls that create, map, unmap or free device memory (everything but events,
+    /// synchronisation and cuMemGetInfo): the ones a warm allocator should not make.
+    pub fn memory_calls(&self) -> u64 {
+        self.entries()[..9].iter().map(|(_, v)| v).sum()
     }
 }
 

@@ -15,6 +15,11 @@
 //!   driver call. Giving memory back to the driver (`unmap`, `release_page`, `free_plain`) while
 //!   an uncompleted launch may use it does not fail, as on a real GPU, but is recorded in
 //!   [`SimDevice::violations`]; so is a launch over memory that is not mapped.
+//! - **A host clock** for the lab's GPU lag: a launch may carry a due time
+//!   ([`SimDevice::launch_until`]) and completes once [`SimDevice::advance_to`] reaches it; a
+//!   synchronising call (cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize) that
+//!   completes work not yet due makes the host wait until it is: the wait is added to
+//!   [`SimDevice::stall_ns`] and the clock moves on. Launches without a due time behave as before.
 //! - **Failure injection and leak accounting** for the arena's error paths and leak tests.
 //!
 //! Invariants kept under the one lock:
@@ -167,6 +172,9 @@ struct Launch {
     /// Physical pages mapped under the range when it was launched, so that releasing one of
     /// them while the launch is pending is caught even after the range was unmapped.
     pages: Vec<u64>,
+    /// With the modelled clock: when the GPU finishes it ([`SimDevice::launch_until`]); `None`
+    /// = only `complete` or a synchronising call finishes it.
+    due_ns: Option<u64>,
 }
 
 #[derive(Default)]
@@ -354,6 +362,10 @@ struct State {
     used: u64,
     violations: Vec<String>,
     faults: Faults,
+    /// The modelled host clock ([`SimDevice::advance_to`]), in nanoseconds.
+    now_ns: u64,
+    /// Host time spent blocked in synchronising calls waiting for launches not yet due.
+    stall_ns: u64,
 }
 
 fn misuse(what: String) -> DeviceError {
@@ -638,25 +650,46 @@ impl State {
         }
     }
 
-    /// Completes the work of `stream` up to its `submitted` count `upto`.
-    fn complete_upto(&mut self, stream: StreamId, upto: u64) {
+    /// Completes the work of `stream` up to its `submitted` count `upto`. With `wait` (a
+    /// synchronising driver call), the host blocks until the last of that work is due on the
+    /// modelled clock: the wait is added to `stall_ns` and the clock moves on to then.
+    fn complete_upto(&mut self, stream: StreamId, upto: u64, wait: bool) {
+        let mut due = 0;
         if let Some(st) = self.streams.get_mut(&stream) {
             st.completed = st.completed.max(upto.min(st.submitted));
             while st.pending.front().is_some_and(|l| l.seq <= upto) {
-                st.pending.pop_front();
+                let l = st.pending.pop_front().expect("checked");
+                due = due.max(l.due_ns.unwrap_or(0));
             }
+        }
+        if wait {
+            self.wait_until(due);
         }
     }
 
-    fn complete_stream(&mut self, stream: StreamId) {
-        let upto = self.streams.get(&stream).map_or(0, |st| st.submitted);
-        self.complete_upto(stream, upto);
+    /// The host waits until `due_ns` on the modelled clock (nothing if that has passed).
+    fn wait_until(&mut self, due_ns: u64) {
+        if due_ns > self.now_ns {
+            self.stall_ns += due_ns - self.now_ns;
+            self.now_ns = due_ns;
+        }
     }
 
-    fn complete_all(&mut self) {
+    fn complete_stream(&mut self, stream: StreamId, wait: bool) {
+        let upto = self.streams.get(&stream).map_or(0, |st| st.submitted);
+        self.complete_upto(stream, upto, wait);
+    }
+
+    fn complete_all(&mut self, wait: bool) {
+        let mut due = 0;
         for st in self.streams.values_mut() {
             st.completed = st.submitted;
-            st.pending.clear();
+            for l in st.pending.drain(..) {
+                due = due.max(l.due_ns.unwrap_or(0));
+            }
+        }
+        if wait {
+            self.wait_until(due);
         }
     }
 
@@ -738,6 +771,8 @@ impl SimDevice {
             used: 0,
             violations: Vec::new(),
             faults: Faults::default(),
+            now_ns: 0,
+            stall_ns: 0,
         };
         let info = DeviceInfo {
             ordinal: c.ordinal,
@@ -758,6 +793,18 @@ impl SimDevice {
     /// A range not entirely covered by mappings and plain allocations is recorded as a
     /// violation, as the kernel would fault on a real GPU.
     pub fn launch(&self, stream: StreamId, ptr: DevPtr, len: u64) {
+        self.launch_at(stream, ptr, len, None);
+    }
+
+    /// Like [`SimDevice::launch`], but the GPU finishes the work by itself at `due_ns` on the
+    /// modelled clock (once [`SimDevice::advance_to`] reaches it, or when a synchronising call
+    /// waits for it). Launches on one stream finish in order, so give each stream's launches
+    /// non-decreasing due times.
+    pub fn launch_until(&self, stream: StreamId, ptr: DevPtr, len: u64, due_ns: u64) {
+        self.launch_at(stream, ptr, len, Some(due_ns));
+    }
+
+    fn launch_at(&self, stream: StreamId, ptr: DevPtr, len: u64, due_ns: Option<u64>) {
         let mut s = self.state.lock();
         let end = ptr.saturating_add(len);
         let mut pages = Vec::new();
@@ -784,17 +831,52 @@ impl SimDevice {
             ptr,
             len,
             pages,
+            due_ns,
         });
     }
 
-    /// Completes all work queued on `stream` so far.
-    pub fn complete(&self, stream: StreamId) {
-        self.state.lock().complete_stream(stream);
+    /// Moves the modelled host clock to `now_ns` (never backwards) and completes, on every
+    /// stream, the launches due by then, in stream order.
+    pub fn advance_to(&self, now_ns: u64) {
+        let mut s = self.state.lock();
+        s.now_ns = s.now_ns.max(now_ns);
+        let now = s.now_ns;
+        for st in s.streams.values_mut() {
+            let mut popped = false;
+            while st
+                .pending
+                .front()
+                .is_some_and(|l| l.due_ns.is_some_and(|d| d <= now))
+            {
+                st.pending.pop_front();
+                popped = true;
+            }
+            if popped {
+                st.completed = st.pending.front().map_or(st.submitted, |l| l.seq - 1);
+            }
+        }
     }
 
-    /// Completes all work on every stream.
+    /// The modelled host clock in nanoseconds: the latest `advance_to`, plus any time the host
+    /// spent waiting in a synchronising call.
+    pub fn now_ns(&self) -> u64 {
+        self.state.lock().now_ns
+    }
+
+    /// Host time spent blocked in synchronising calls (cuEventSynchronize, cuStreamSynchronize,
+    /// cuCtxSynchronize) for launches not yet due on the modelled clock, in nanoseconds.
+    pub fn stall_ns(&self) -> u64 {
+        self.state.lock().stall_ns
+    }
+
+    /// Completes all work queued on `stream` so far (the GPU finished it; no host wait).
+    pub fn complete(&self, stream: StreamId) {
+        self.state.lock().complete_stream(stream, false);
+    }
+
+    /// Completes all work on every stream (no host wait).
     pub fn complete_all(&self) {
-        self.state.lock().complete_all();
+        self.state.lock().complete_all(false);
     }
 
     /// `(stream, ptr, len)` of every uncompleted launch, by stream then launch order.
@@ -1182,7 +1264,7 @@ impl Device for SimDevice {
         s.counters.event_synchronize += 1;
         if let Some((stream, upto)) = s.event("cuEventSynchronize", event)? {
             // Only the work captured by the record completes; later launches stay pending.
-            s.complete_upto(stream, upto);
+            s.complete_upto(stream, upto, true);
         }
         Ok(())
     }
@@ -1190,14 +1272,14 @@ impl Device for SimDevice {
     fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.stream_synchronize += 1;
-        s.complete_stream(stream);
+        s.complete_stream(stream, true);
         Ok(())
     }
 
     fn synchronize(&self) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.device_synchronize += 1;
-        s.complete_all();
+        s.complete_all(true);
         Ok(())
     }
 

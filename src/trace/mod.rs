@@ -15,6 +15,7 @@ pub mod replay;
 pub mod rmm;
 pub mod synth;
 pub mod torch_snapshot;
+pub mod training;
 
 mod import;
 pub use import::load;
