@@ -9,8 +9,8 @@
 //! Per live allocation an [`Entry`]: block size (rounded as the arena rounds), requested size,
 //! stream, thread (a small per-thread number from a thread-local), sequence number (a global
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
-//! clock with the resolution of a kernel tick), step, tag (the innermost tag of a process-wide
-//! stack, interned) and site (0 when not captured). The live table is per device and sharded by
+//! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
+//! thread's stack, interned) and site (0 when not captured). The live table is per device and sharded by
 //! pointer into [`SHARDS`] maps, each behind its own `parking_lot::Mutex`, with a multiplicative
 //! hasher: threads freeing different pointers rarely meet on a lock. Per-site live bytes and
 //! counts (for leak judgement) are touched only for allocations that have a site.
@@ -236,12 +236,12 @@ struct SiteSettings {
     min_bytes: AtomicU64,
 }
 
-/// Interned tags: id - 1 indexes `names`.
+/// Interned tags: id - 1 indexes `names`. The stacks of pushed tags are per thread
+/// ([`TAG_STACK`]).
 #[derive(Default)]
 struct Tags {
     ids: HashMap<String, u32>,
     names: Vec<String>,
-    stack: Vec<u32>,
 }
 
 thread_local! {
@@ -249,8 +249,14 @@ thread_local! {
     static THREAD: Cell<u32> = const { Cell::new(0) };
     /// Allocations this thread has seen while sampling sites (for `sites_every`).
     static SAMPLE: Cell<u64> = const { Cell::new(0) };
+    /// This thread's pushed tags, innermost last, each with the id of the tracker it was
+    /// pushed on (tests build many trackers in one process; a tracker sees only its own).
+    /// Per thread, so two threads' blocks never swap labels; an allocation made on a thread
+    /// with no tag pushed (an autograd worker) carries none.
+    static TAG_STACK: std::cell::RefCell<Vec<(u64, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+static NEXT_TRACKER: AtomicU64 = AtomicU64::new(1);
 
 /// A small number for the calling thread (1, 2, ...; 0 while the thread is being torn down).
 #[inline]
@@ -288,7 +294,8 @@ pub struct Tracker {
     seq: AtomicU64,
     /// Serialises [`Tracker::step`] so boundaries are recorded in order.
     step_lock: Mutex<()>,
-    current_tag: AtomicU32,
+    /// This tracker's key in each thread's tag stack ([`TAG_STACK`]).
+    id: u64,
     tags: Mutex<Tags>,
     settings: SiteSettings,
     interner: Interner,
@@ -342,7 +349,7 @@ impl Tracker {
             step: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             step_lock: Mutex::new(()),
-            current_tag: AtomicU32::new(0),
+            id: NEXT_TRACKER.fetch_add(1, Ordering::Relaxed),
             tags: Mutex::new(Tags::default()),
             settings: SiteSettings {
                 mode: AtomicU8::new(0),
@@ -412,31 +419,55 @@ impl Tracker {
         self.step.load(Ordering::SeqCst)
     }
 
-    /// Push `tag`: new allocations carry it until it is popped.
+    /// Push `tag` on the calling thread's stack: this thread's new allocations carry it until
+    /// it is popped.
     pub fn tag_push(&self, tag: &str) {
-        let mut t = self.tags.lock();
-        let id = match t.ids.get(tag) {
-            Some(&id) => id,
-            None => {
-                t.names.push(tag.to_string());
-                let id = t.names.len() as u32;
-                t.ids.insert(tag.to_string(), id);
-                id
+        let id = {
+            let mut t = self.tags.lock();
+            match t.ids.get(tag) {
+                Some(&id) => id,
+                None => {
+                    t.names.push(tag.to_string());
+                    let id = t.names.len() as u32;
+                    t.ids.insert(tag.to_string(), id);
+                    id
+                }
             }
         };
-        t.stack.push(id);
-        self.current_tag.store(id, Ordering::SeqCst);
+        let me = self.id;
+        let _ = TAG_STACK.try_with(|s| s.borrow_mut().push((me, id)));
     }
 
-    /// Pop the innermost tag; false when the stack is empty.
+    /// Pop the calling thread's innermost tag; false when its stack is empty.
     pub fn tag_pop(&self) -> bool {
-        let mut t = self.tags.lock();
-        if t.stack.pop().is_none() {
-            return false;
-        }
-        self.current_tag
-            .store(t.stack.last().copied().unwrap_or(0), Ordering::SeqCst);
-        true
+        let me = self.id;
+        TAG_STACK
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                match s.iter().rposition(|&(t, _)| t == me) {
+                    Some(i) => {
+                        s.remove(i);
+                        true
+                    }
+                    None => false,
+                }
+            })
+            .unwrap_or(false)
+    }
+
+    /// The calling thread's innermost tag (0: none).
+    #[inline]
+    fn current_tag(&self) -> u32 {
+        let me = self.id;
+        TAG_STACK
+            .try_with(|s| {
+                s.borrow()
+                    .iter()
+                    .rev()
+                    .find(|&&(t, _)| t == me)
+                    .map_or(0, |&(_, id)| id)
+            })
+            .unwrap_or(0)
     }
 
     /// The name of tag `id` (None for 0).
@@ -557,7 +588,7 @@ impl Tracker {
             time_us,
             step: self.step.load(Ordering::Relaxed),
             thread: thread_number(),
-            tag: self.current_tag.load(Ordering::Relaxed),
+            tag: self.current_tag(),
             site,
             recorded: false,
         };
@@ -834,38 +865,52 @@ impl Tracker {
 
     /// Growing sites of `device` after `warmup` steps (see [`leaks`]), strongest first.
     pub fn growing(&self, device: i32, warmup: u64) -> Vec<(u32, leaks::Growth)> {
-        let Some(d) = self.device_if_open(device) else {
-            return Vec::new();
-        };
-        let (_, series) = self.series(d, warmup);
-        let mut out: Vec<(u32, leaks::Growth)> = series
-            .iter()
-            .filter_map(|(&site, s)| leaks::judge(s).map(|g| (site, g)))
-            .collect();
-        out.sort_by(|a, b| {
-            b.1.bytes_per_step
-                .total_cmp(&a.1.bytes_per_step)
-                .then(a.0.cmp(&b.0))
-        });
-        out
+        self.judged(device, warmup).growing
     }
 
-    /// `torch_arena_leaks_json`: growing sites after `warmup`, and (with `age_steps` > 0) live
-    /// allocations at least that many steps old.
+    /// Every site of `device` judged over the boundaries at or after `warmup`.
+    fn judged(&self, device: i32, warmup: u64) -> Judged {
+        let Some(d) = self.device_if_open(device) else {
+            return Judged::default();
+        };
+        let (steps, series) = self.series(d, warmup);
+        let mut j = Judged {
+            boundaries: steps.len() as u64,
+            observed: match (steps.first(), steps.last()) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0,
+            },
+            ..Judged::default()
+        };
+        for (&site, s) in &series {
+            match leaks::verdict(s) {
+                Some(leaks::Verdict::Growing(g)) => j.growing.push((site, g)),
+                Some(leaks::Verdict::Plateaued(g)) => j.plateaued.push((site, g)),
+                None => {}
+            }
+        }
+        for v in [&mut j.growing, &mut j.plateaued] {
+            v.sort_by(|a, b| {
+                b.1.bytes_per_step
+                    .total_cmp(&a.1.bytes_per_step)
+                    .then(a.0.cmp(&b.0))
+            });
+        }
+        j
+    }
+
+    /// `torch_arena_leaks_json`: growing sites after `warmup`, plateaued ones (grew, then
+    /// stayed flat: not leaks), and (with `age_steps` > 0) live allocations at least that many
+    /// steps old.
     pub fn leaks_json(&self, device: i32, warmup: u64, age_steps: u64) -> String {
         let now = self.current_step();
-        let d = self.device_if_open(device);
-        let observed = d
-            .map(|d| {
-                let (steps, _) = self.series(d, warmup);
-                match (steps.first(), steps.last()) {
-                    (Some(a), Some(b)) => b - a,
-                    _ => 0,
-                }
-            })
-            .unwrap_or(0);
-        let growing = self.growing(device, warmup);
-        let live = if growing.is_empty() && age_steps == 0 {
+        let Judged {
+            growing,
+            plateaued,
+            boundaries,
+            observed,
+        } = self.judged(device, warmup);
+        let live = if growing.is_empty() && plateaued.is_empty() && age_steps == 0 {
             Vec::new()
         } else {
             self.live(device)
@@ -874,7 +919,7 @@ impl Tracker {
         let _ = write!(
             out,
             "{{\"device\":{device},\"step\":{now},\"warmup\":{warmup},\"steps_observed\":{observed},\
-             \"growing\":["
+             \"boundaries\":{boundaries},\"growing\":["
         );
         for (i, (site, g)) in growing.iter().enumerate() {
             if i > 0 {
@@ -886,12 +931,9 @@ impl Tracker {
                 mine.iter().map(|(_, e)| e.size).sum::<u64>(),
                 mine.len() as u64,
             );
-            let first_step = mine
-                .iter()
-                .map(|(_, e)| e.step)
-                .filter(|&s| s >= warmup)
-                .min()
-                .unwrap_or(g.from_step);
+            // Since when it grows: where its live bytes last stood lowest, not the birth step
+            // of its oldest live allocation.
+            let first_step = g.from_step;
             let newest: Vec<&&(DevPtr, Entry)> = mine.iter().rev().take(EXAMPLES).collect();
             let _ = write!(out, "{{\"site\":{site},\"frames\":");
             self.frames_json(*site, &mut out);
@@ -923,6 +965,27 @@ impl Tracker {
                 self.tag_json(*t, &mut out);
             }
             out.push_str("]}");
+        }
+        out.push_str("],\"plateaued\":[");
+        for (i, (site, g)) in plateaued.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let (live_bytes, live_count) = live
+                .iter()
+                .filter(|(_, e)| e.site == *site)
+                .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1));
+            let _ = write!(out, "{{\"site\":{site},\"frames\":");
+            self.frames_json(*site, &mut out);
+            let _ = write!(
+                out,
+                ",\"bytes_per_step\":{},\"count_per_step\":{},\"first_step\":{},\
+                 \"until_step\":{},\"live_bytes\":{live_bytes},\"live_count\":{live_count}}}",
+                json::float(g.bytes_per_step),
+                json::float(g.count_per_step),
+                g.from_step,
+                g.high_step,
+            );
         }
         out.push_str("],\"old\":[");
         let old: Vec<&(DevPtr, Entry)> = if age_steps == 0 {
@@ -983,6 +1046,17 @@ impl Tracker {
         out.push('}');
         out
     }
+}
+
+/// Sites judged over one window of boundaries.
+#[derive(Default)]
+struct Judged {
+    growing: Vec<(u32, leaks::Growth)>,
+    plateaued: Vec<(u32, leaks::Growth)>,
+    /// Boundaries at or after the warmup.
+    boundaries: u64,
+    /// Steps between the first and the last of them.
+    observed: u64,
 }
 
 fn join(v: impl Iterator<Item = u64>) -> String {
