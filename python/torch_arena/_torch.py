@@ -14,9 +14,12 @@ Two modes (docs/python.md has the details):
 This module never imports torch at import time: only its functions do, when called.
 """
 
+import collections
 import contextlib
+import functools
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -184,7 +187,43 @@ def _stats_functions(names: tuple[str, ...]) -> dict[str, Any]:
     missing = [name for name in names if not callable(getattr(stats, name, None))]
     if missing:
         raise RuntimeError(f"torch_arena.stats lacks {', '.join(missing)}: a broken install")
-    return {name: getattr(stats, name) for name in names}
+    return {name: _before_cuda(name, getattr(stats, name)) for name in names}
+
+
+# What PyTorch's own statistics functions return before CUDA is initialised (they read nothing
+# then: torch/cuda/memory.py returns {} from memory_stats_as_nested_dict, and every figure
+# read from it is 0).
+_UNINITIALISED: dict[str, Any] = {
+    "memory_stats": collections.OrderedDict,
+    "memory_stats_as_nested_dict": dict,
+    "memory_allocated": int,
+    "max_memory_allocated": int,
+    "memory_reserved": int,
+    "max_memory_reserved": int,
+}
+
+
+def _before_cuda(name: str, fn: Any) -> Any:
+    """``fn``, answering as PyTorch does while CUDA is not initialised (no device was opened,
+    so nothing was allocated): without a driver the library cannot open the device, and would
+    raise and log an error on every call where PyTorch returns 0 or an empty dict. On the
+    simulated device the library answers (tests allocate there without CUDA)."""
+    empty = _UNINITIALISED.get(name)
+    if empty is None:
+        return fn
+
+    @functools.wraps(fn)
+    def answer(*args: Any, **kwargs: Any) -> Any:
+        torch = sys.modules.get("torch")
+        try:
+            initialised = torch is not None and torch.cuda.is_initialized()
+        except Exception:
+            initialised = False
+        if not initialised and _native.conf_items(_native.installed_conf()).get("device") != "sim":
+            return empty()
+        return fn(*args, **kwargs)
+
+    return answer
 
 
 def _snapshot_functions() -> dict[str, Any]:
@@ -451,9 +490,10 @@ def _enable_locked(conf: str | None) -> None:
     _global.enabled = True
     _watch_cudnn_benchmark(torch)
     _global.step_hook = _register_step_hook(torch)
-    from .leaks import install_exit_report
+    from . import _exit
 
-    install_exit_report(text)
+    _exit.set_devices(_cuda_devices)
+    _exit.install(text)
     _log.info(
         "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
         _rank_text(),
@@ -461,6 +501,15 @@ def _enable_locked(conf: str | None) -> None:
         text,
         ", ".join(hooks) or "none",
     )
+
+
+def _cuda_devices() -> list[int]:
+    """The devices torch-arena served (none when CUDA never initialised)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return []  # no CUDA memory was ever allocated
+    return list(range(torch.cuda.device_count()))
 
 
 def _step_after_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -73,8 +73,28 @@ def current_device() -> int:
     return int(cuda.current_device()) if cuda is not None else 0
 
 
+# Device ordinals are C ints in the library's exports; ctypes would wrap anything larger
+# (2**32 became device 0).
+MAX_DEVICE_INDEX = 2**31 - 1
+# Sizes and pointers are size_t / void* (64 bits): ctypes would keep only the low bits
+# (2**64 + 4096 became a 4 KiB request).
+SIZE_LIMIT = 2**64
+
+
 def _device_index(device: Any) -> int:
-    """A CUDA ordinal from None, an int, a ``torch.device`` or a string like ``"cuda:1"``."""
+    """A CUDA ordinal from None, an int, a ``torch.device`` or a string like ``"cuda:1"``.
+    ValueError for a negative ordinal or one beyond a C int (whether the device exists is the
+    library's to say)."""
+    index = _device_ordinal(device)
+    if not 0 <= index <= MAX_DEVICE_INDEX:
+        raise ValueError(
+            f"device index {index} is out of range: a CUDA device index is an int from 0 "
+            f"to {MAX_DEVICE_INDEX} (got {device!r})"
+        )
+    return index
+
+
+def _device_ordinal(device: Any) -> int:
     if device is None:
         return current_device()
     if isinstance(device, bool):
@@ -218,14 +238,14 @@ def _stream_handle(stream: Any, device: int) -> int:
         return int(cuda.current_stream(device).cuda_stream) if cuda is not None else 0
     if isinstance(stream, bool):
         raise TypeError(f"stream must be None, an int or a CUDA stream, not {stream!r}")
-    if isinstance(stream, int):
-        return stream
-    handle = getattr(stream, "cuda_stream", None)
+    handle: Any = stream if isinstance(stream, int) else getattr(stream, "cuda_stream", None)
     if handle is None:
         handle = getattr(stream, "_as_parameter_", None)
         if isinstance(handle, ctypes.c_void_p):
             handle = handle.value or 0
     if isinstance(handle, int) and not isinstance(handle, bool):
+        if not 0 <= handle < SIZE_LIMIT:
+            raise ValueError(f"a stream handle is a cudaStream_t in [0, 2**64), not {handle}")
         return handle
     raise TypeError(
         "stream must be None, an int, a torch.cuda.Stream or an object with ._as_parameter_, "
@@ -241,6 +261,10 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     request cannot be met."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"size must be a non-negative int, not {size!r}")
+    if size >= SIZE_LIMIT:
+        raise OverflowError(
+            f"size {size} does not fit in a size_t: a request is at most 2**64 - 1 bytes"
+        )
     index = _device_index(device)
     handle = _stream_handle(stream, index)
     ptr = _native.try_malloc(size, index, handle)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch_arena
-from torch_arena import _native
+from torch_arena import _capture, _native
 from torch_arena.testing import DeviceBuffer
 
 pytestmark = pytest.mark.skipif(
@@ -22,12 +22,12 @@ SIZES = [512, 4096, 100_000, MiB, 3 * MiB, 24 * MiB]
 @pytest.fixture
 def buffers():
     gc.collect()  # earlier tests' garbage must not be freed while the live set is compared
-    _native.set_sites("python", 1, 0)
+    _capture.set_capture("python", 1, 0)
     bufs = [DeviceBuffer(n) for n in SIZES]  # the allocating line
     try:
         yield bufs
     finally:
-        _native.set_sites("none", 1, 0)
+        _capture.restore()
         for b in bufs:
             b.free()
 
