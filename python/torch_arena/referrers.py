@@ -248,8 +248,12 @@ class _Walk:
             pending = {i for i in ids if i not in roots}
             if not pending:
                 break
+            # Passed as one tuple (CPython hands it to the call as is), so the argument tuple
+            # is known by identity: a user's tuple of exactly the pending objects is not it.
+            args = tuple(o for o in frontier if id(o) in pending)
+            self.ignore.add(id(args))
             try:
-                referrers = gc.get_referrers(*[o for o in frontier if id(o) in pending])
+                referrers = gc.get_referrers(*args)
             except Exception:
                 referrers = []
             next_frontier: list[Any] = []
@@ -258,9 +262,6 @@ class _Walk:
                 rid = id(ref)
                 if rid in self.ignore or (isinstance(ref, types.FrameType) and _is_ours(ref)):
                     continue
-                if type(ref) is tuple and len(ref) == len(pending):
-                    if all(id(x) in pending for x in ref):  # get_referrers' argument tuple
-                        continue
                 if rid in self.modules:
                     self._module_roots(ref, self.modules[rid], pending, roots)
                     continue
