@@ -14,12 +14,9 @@ Two modes (docs/python.md has the details):
 This module never imports torch at import time: only its functions do, when called.
 """
 
-import collections
 import contextlib
-import functools
 import logging
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -187,43 +184,7 @@ def _stats_functions(names: tuple[str, ...]) -> dict[str, Any]:
     missing = [name for name in names if not callable(getattr(stats, name, None))]
     if missing:
         raise RuntimeError(f"torch_arena.stats lacks {', '.join(missing)}: a broken install")
-    return {name: _before_cuda(name, getattr(stats, name)) for name in names}
-
-
-# What PyTorch's own statistics functions return before CUDA is initialised (they read nothing
-# then: torch/cuda/memory.py returns {} from memory_stats_as_nested_dict, and every figure
-# read from it is 0).
-_UNINITIALISED: dict[str, Any] = {
-    "memory_stats": collections.OrderedDict,
-    "memory_stats_as_nested_dict": dict,
-    "memory_allocated": int,
-    "max_memory_allocated": int,
-    "memory_reserved": int,
-    "max_memory_reserved": int,
-}
-
-
-def _before_cuda(name: str, fn: Any) -> Any:
-    """``fn``, answering as PyTorch does while CUDA is not initialised (no device was opened,
-    so nothing was allocated): without a driver the library cannot open the device, and would
-    raise and log an error on every call where PyTorch returns 0 or an empty dict. On the
-    simulated device the library answers (tests allocate there without CUDA)."""
-    empty = _UNINITIALISED.get(name)
-    if empty is None:
-        return fn
-
-    @functools.wraps(fn)
-    def answer(*args: Any, **kwargs: Any) -> Any:
-        torch = sys.modules.get("torch")
-        try:
-            initialised = torch is not None and torch.cuda.is_initialized()
-        except Exception:
-            initialised = False
-        if not initialised and _native.conf_items(_native.installed_conf()).get("device") != "sim":
-            return empty()
-        return fn(*args, **kwargs)
-
-    return answer
+    return {name: getattr(stats, name) for name in names}
 
 
 def _snapshot_functions() -> dict[str, Any]:
@@ -488,6 +449,9 @@ def _enable_locked(conf: str | None) -> None:
         _global.originals.setdefault((module_name, name), getattr(module, name, None))
         setattr(module, name, replacement)
     _global.enabled = True
+    from . import stats
+
+    stats.answer_as_pytorch_before_cuda()
     _watch_cudnn_benchmark(torch)
     _global.step_hook = _register_step_hook(torch)
     from . import _exit

@@ -123,11 +123,39 @@ def _device_ordinal(device: Any) -> int:
 # ---------------------------------------------------------------------------------------------
 # Statistics.
 
+# Set once torch-arena is PyTorch's allocator (global mode): until CUDA initialises, nothing
+# was allocated through torch, and PyTorch's own functions return 0 / an empty dict then.
+_pytorch_before_cuda = False
+
+
+def answer_as_pytorch_before_cuda() -> None:
+    """From now on, answer as PyTorch does while CUDA is not initialised (0, an empty dict)
+    instead of opening the device: without a driver the library cannot, and would raise and
+    log an error on every call. The simulated device still answers (tests allocate there
+    without CUDA). Called by ``enable()``."""
+    global _pytorch_before_cuda
+    _pytorch_before_cuda = True
+
+
+def _before_cuda() -> bool:
+    if not _pytorch_before_cuda:
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return False
+    except Exception:
+        pass
+    return _native.conf_items(_native.installed_conf()).get("device", "cuda") != "sim"
+
 
 @_public
 def memory_stats(device: Any = None) -> "OrderedDict[str, int]":
     """The memory statistics of ``device`` as ``torch.cuda.memory_stats()`` returns them: an
-    OrderedDict of 122 keys such as ``"allocated_bytes.all.current"``, sorted."""
+    OrderedDict of 122 keys such as ``"allocated_bytes.all.current"``, sorted. Empty while
+    torch-arena is PyTorch's allocator and CUDA is not initialised yet, as PyTorch's."""
+    if _before_cuda():
+        return OrderedDict()
     values = _native.stats(_device_index(device))
     return OrderedDict(zip(_native.stats_keys(), values, strict=True))
 
@@ -149,25 +177,25 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
 @_public
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live tensors on ``device`` (block sizes, as torch counts them)."""
-    return memory_stats(device)["allocated_bytes.all.current"]
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
 
 
 @_public
 def max_memory_allocated(device: Any = None) -> int:
     """Peak of :func:`memory_allocated` since the start or the last peak reset."""
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
 
 
 @_public
 def memory_reserved(device: Any = None) -> int:
     """Bytes of device memory the allocator holds on ``device`` (physical pages)."""
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
 
 
 @_public
 def max_memory_reserved(device: Any = None) -> int:
     """Peak of :func:`memory_reserved` since the start or the last peak reset."""
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
 
 
 @_public
