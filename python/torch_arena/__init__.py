@@ -25,6 +25,7 @@ from typing import Any
 from ._exit import install as _install_exit_report
 from ._native import OutOfMemoryError, configure, library_path
 from ._native import version as _library_version
+from ._oom import install as _install_oom_snapshot
 from .leaks import (
     LeakError,
     current_step,
@@ -55,8 +56,10 @@ from .stats import (
 
 __version__ = _library_version()
 
-# TORCH_ARENA_CONF=leaks:True: the leak report at exit (enable(conf) checks its own text too).
+# TORCH_ARENA_CONF=leaks:True: the leak report at exit, and a snapshot at out-of-memory (also
+# with TORCH_ARENA_OOM_SNAPSHOT); enable(conf) checks its own text too.
 _install_exit_report()
+_install_oom_snapshot()
 
 # Names served by the torch integration (._torch), imported on first access so that importing
 # torch_arena does not import torch.

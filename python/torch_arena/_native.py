@@ -243,10 +243,30 @@ def clear_last_error() -> None:
     _lib.torch_arena_clear_last_error()
 
 
+# Called with the OOM message when a request fails as out of memory; returns a line to append
+# to the message (the snapshot it wrote), or "". Set by torch_arena._oom (set_oom_hook).
+_oom_hook: Callable[[str], str] | None = None
+
+
+def set_oom_hook(hook: Callable[[str], str] | None) -> None:
+    """Call ``hook(message)`` on every out-of-memory error raised from here; what it returns is
+    appended to the message (a line naming the snapshot it wrote)."""
+    global _oom_hook
+    _oom_hook = hook
+
+
 def _error(code: int, call: str) -> Exception:
     """The exception for status ``code`` of ``call``, with the library's message."""
     msg = last_error() or f"{call} failed with status {code}"
     if code == ERR_OOM:
+        hook = _oom_hook
+        if hook is not None:
+            try:
+                extra = hook(msg)
+            except Exception:  # never hide the OOM behind a failed dump
+                extra = ""
+            if extra:
+                msg = f"{msg}\n{extra}"
         return OutOfMemoryError(msg)
     if code in _VALUE_ERRORS:
         return ValueError(msg)

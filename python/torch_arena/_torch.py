@@ -458,6 +458,9 @@ def _enable_locked(conf: str | None) -> None:
 
     _exit.set_devices(_cuda_devices)
     _exit.install(text)
+    from . import _oom
+
+    _oom.install(text)
     _log.info(
         "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
         _rank_text(),

@@ -75,13 +75,11 @@ def _marker_args(marker: Any) -> tuple[int, int]:
 
 def inactive_reason() -> str | None:
     """Why the marker cannot check anything in this process, or None when it can."""
-    import torch_arena
-
-    from . import _capture, _native
+    from . import _capture, _native, _torch
 
     if not _native.has_track():
         return "this torch-arena library has no tracking exports"
-    if "torch" in sys.modules and torch_arena.is_enabled():
+    if "torch" in sys.modules and _torch.is_enabled():
         return None
     if _capture.conf().get("device") == "sim":
         return None

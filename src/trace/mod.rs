@@ -8,6 +8,7 @@
 //! trace; [`plot`] draws both; [`live`] lists what is live at the peak or before an event, by site.
 
 pub mod format;
+mod frames;
 pub mod live;
 pub mod native;
 pub mod pickle;

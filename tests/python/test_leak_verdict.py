@@ -293,3 +293,64 @@ def test_no_leaks_accepts_an_infinite_limit(sites):
     kept.clear()
     with pytest.raises(ValueError, match="cannot read the size"):
         torch_arena.no_leaks(limit=-math.inf)
+
+
+# ---- a snapshot at out-of-memory --------------------------------------------------------------
+
+
+OOM_SCRIPT = """
+import pickle, sys, torch_arena
+from torch_arena.testing import DeviceBuffer
+keep = [DeviceBuffer(8 << 20) for _ in range(3)]  # LIVE AT OOM
+try:
+    DeviceBuffer(1 << 30)
+except torch_arena.OutOfMemoryError as e:
+    print("MESSAGE", str(e).replace(chr(10), " | "))
+"""
+
+
+def test_an_oom_writes_a_snapshot_and_the_message_names_it(tmp_path):
+    from conftest import run_python
+
+    proc = run_python(
+        OOM_SCRIPT,
+        tmp_path,
+        TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64,leaks:True",
+        TORCH_ARENA_OOM_SNAPSHOT=str(tmp_path / "oom-{rank}-{pid}.pickle"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    (written,) = list(tmp_path.glob("oom-*.pickle"))
+    assert "-0-" in written.name  # {rank} is 0 without torchrun
+    (message,) = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+    assert message.startswith("MESSAGE CUDA out of memory. Tried to allocate"), message
+    assert f"written to {written}" in message, message
+    import pickle
+
+    snap = pickle.loads(written.read_bytes())
+    live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert len(live) == 3 and all(b["size"] == 8 << 20 for b in live)
+    assert all(any(f["line"] == 4 for f in b["frames"]) for b in live), live
+
+
+def test_an_uncaught_oom_from_pytorch_writes_the_snapshot_at_exit_of_the_thread(tmp_path):
+    from conftest import run_python
+
+    proc = run_python(
+        "import torch_arena\nfrom torch_arena.testing import DeviceBuffer\n"
+        "keep = DeviceBuffer(1 << 20)\n"
+        "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n",
+        tmp_path,
+        TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64,leaks:True",
+    )
+    assert proc.returncode == 1
+    (written,) = list(tmp_path.glob("torch-arena-oom-0-*.pickle"))
+    assert f"written to {written.name}" in proc.stderr, proc.stderr
+    assert "RuntimeError: CUDA out of memory." in proc.stderr
+
+
+def test_no_oom_snapshot_unless_asked(tmp_path):
+    from conftest import run_python
+
+    proc = run_python(OOM_SCRIPT, tmp_path, TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64")
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob("*.pickle")) and "written to" not in proc.stdout
