@@ -41,6 +41,10 @@
 //! reserved bytes changed across that malloc or free (`addr` = the allocation's address for a
 //! map, 0 for an unmap; `size` = the change). Reserved bytes change elsewhere too (`empty_cache`,
 //! idle-page release): those changes are not in the ring.
+//! Entries are stamped at microsecond resolution ([`Tracker::precise_us`]; the live table keeps
+//! the coarse clock). `free_requested` / `free_completed` carry the free's own site (its stack,
+//! captured at the free under the same site settings) where one is captured, else the
+//! allocation's.
 
 pub mod json;
 pub mod leaks;
@@ -396,6 +400,18 @@ impl Tracker {
         coarse_us().saturating_sub(self.epoch_us)
     }
 
+    /// Microseconds since the tracker started, at microsecond resolution (`CLOCK_MONOTONIC`:
+    /// the history ring's clock, read only while it records).
+    pub fn precise_us(&self) -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC exists on every Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000).saturating_sub(self.epoch_us)
+    }
+
     // ----- steps and tags ---------------------------------------------------------------------
 
     /// Advance the step; record every site's live bytes at this boundary. Returns the new step.
@@ -598,6 +614,8 @@ impl Tracker {
         }
         if let Some((before, after)) = reserved {
             let after = after();
+            // The history's clock has microsecond resolution (the live table's is coarse).
+            let time_us = self.precise_us();
             let mut h = Vec::with_capacity(2);
             if after > before {
                 h.push(HistEntry {
@@ -658,14 +676,20 @@ impl Tracker {
         }
         if let Some((before, after)) = reserved {
             let after = after();
-            let time_us = self.now_us();
+            let time_us = self.precise_us();
+            // The free's own stack where site capture is on (no lock of ours is held here, so
+            // taking the GIL is allowed), else the allocation's.
+            let site = match self.capture_site(e.size) {
+                0 => e.site,
+                s => s,
+            };
             let base = HistEntry {
                 action: Action::FreeRequested,
                 addr: ptr,
                 size: e.size,
                 stream,
                 time_us,
-                site: e.site,
+                site,
                 pending: false,
             };
             let mut h = vec![
