@@ -344,6 +344,11 @@ def try_malloc(size: int, device: int, stream: int = 0) -> int:
     """Allocate ``size`` bytes on ``device`` for ``stream`` (a cudaStream_t as an int, 0 = the
     default stream); the pointer as an int (0 for size 0). OutOfMemoryError when the request
     cannot be met; ValueError for a bad configuration or device."""
+    # ctypes keeps only the low bits of a too-large int: refuse rather than truncate.
+    if not 0 <= size < 2**64:
+        raise OverflowError(f"size {size} does not fit in a size_t: a request is 0 to 2**64 - 1")
+    if not 0 <= device < 2**31:
+        raise ValueError(f"device index {device} is out of range (0 to 2**31 - 1)")
     out = _c_ptr()
     code = _lib.torch_arena_try_malloc(size, device, stream or None, ctypes.byref(out))
     if code == OK:

@@ -354,3 +354,8 @@ def test_no_oom_snapshot_unless_asked(tmp_path):
     proc = run_python(OOM_SCRIPT, tmp_path, TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64")
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob("*.pickle")) and "written to" not in proc.stdout
+
+
+def test_device_buffer_refuses_sizes_beyond_size_t_too():
+    with pytest.raises(OverflowError, match="size_t"):
+        DeviceBuffer(2**64 + 4096)
