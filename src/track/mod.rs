@@ -43,8 +43,8 @@
 //! idle-page release): those changes are not in the ring.
 //! Entries are stamped at microsecond resolution ([`Tracker::precise_us`]; the live table keeps
 //! the coarse clock). `free_requested` / `free_completed` carry the free's own site (its stack,
-//! captured at the free under the same site settings) where one is captured, else the
-//! allocation's.
+//! captured at the free, for allocations whose site was captured, while capture is on), else
+//! the allocation's.
 
 pub mod json;
 pub mod leaks;
@@ -543,6 +543,11 @@ impl Tracker {
                 return 0;
             }
         }
+        self.capture_now(mode)
+    }
+
+    /// The calling thread's stack as a site, under `mode`, with no sampling.
+    fn capture_now(&self, mode: u8) -> u32 {
         let mut frames = Vec::new();
         if mode & SITES_NATIVE != 0 {
             sites::capture_native(&mut frames);
@@ -677,11 +682,16 @@ impl Tracker {
         if let Some((before, after)) = reserved {
             let after = after();
             let time_us = self.precise_us();
-            // The free's own stack where site capture is on (no lock of ours is held here, so
-            // taking the GIL is allowed), else the allocation's.
-            let site = match self.capture_site(e.size) {
-                0 => e.site,
-                s => s,
+            // The free's own stack for an allocation whose site was captured (its sampling
+            // decision stands for the free; no lock of ours is held here, so taking the GIL is
+            // allowed), else the allocation's.
+            let mode = self.settings.mode.load(Ordering::Relaxed);
+            let site = match (e.site, mode) {
+                (0, _) | (_, 0) => e.site,
+                _ => match self.capture_now(mode) {
+                    0 => e.site,
+                    s => s,
+                },
             };
             let base = HistEntry {
                 action: Action::FreeRequested,
