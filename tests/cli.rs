@@ -789,3 +789,43 @@ fn many_traces_make_an_overview_chart() {
     assert!(text.contains("peak reserved, ours / native"));
     assert!(text.contains("modelled driver time, ours / native"));
 }
+
+/// `--live`: what is live by site at the peak, or where the arena ran out of memory (issue 15
+/// item 4, the CLI half), in the table and in JSON.
+#[test]
+fn live_by_site_at_the_peak_or_at_the_oom() {
+    let o = torch_arena(&[
+        "replay",
+        "synth:adversarial:16GiB",
+        "--capacity",
+        "12GiB",
+        "--live=3",
+        "--no-progress",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("live by site at the out-of-memory of event"),
+        "{out}"
+    );
+    assert!(out.contains("in 2048 allocation(s)"), "{out}");
+
+    let o = torch_arena(&[
+        "replay",
+        "synth:rmm-random:2000:64MiB:3",
+        "--live",
+        "--json",
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = stdout(&o);
+    assert!(
+        line.contains("\"live_at\":\"at the peak of requested bytes\"")
+            || line.contains("\"live_at\": \"at the peak of requested bytes\""),
+        "{line}"
+    );
+    assert!(line.contains("\"events_applied\""), "{line}");
+
+    let o = torch_arena(&["replay", "synth:rmm-random:10:1MiB", "--live=0"]);
+    assert_usage_error(&o, &["--live", "at least 1"]);
+}

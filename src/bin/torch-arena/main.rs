@@ -22,6 +22,7 @@ use torch_arena::TorchArena;
 use torch_arena::config::{Config, DeviceKind};
 use torch_arena::device::DriverCounters;
 use torch_arena::device::costs::DriverCosts;
+use torch_arena::trace::live::{self, LiveSet};
 use torch_arena::trace::native::{self, NativeOptions, NativeResult};
 use torch_arena::trace::plot::{self, Line, Mark, OverviewRow, Panel, Style, TimeLine};
 use torch_arena::trace::replay::{
@@ -108,6 +109,10 @@ replay options:
                     allocation's bytes (slow: for small traces)
   --check           after every event, check that the stats are exact and that no live
                     allocations overlap (slow)
+  --live[=N]        after each trace, what was live by allocation site (the N largest, default
+                    10: bytes, count, the largest sizes) at the peak of requested bytes, or just
+                    before the event where the arena ran out of memory; in --json, the fields
+                    live and live_at
   --json            print one JSON object per line per (trace, CONF) instead of tables:
                     trace, path, source, kind, device, events, seeded_events, capacity_bytes,
                     conf, conf_effective, backing, check, events_replayed,
@@ -169,13 +174,15 @@ exit status:
 ";
 
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
-[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--backing] [--check] [--json] [--plot FILE] [--progress | --no-progress]";
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--backing] [--check] [--live[=N]] [--json] [--plot FILE] [--progress | --no-progress]";
 const SYNTH_SYNOPSIS: &str = "usage: torch-arena synth adversarial [--capacity SIZE] -o FILE\n       \
 torch-arena synth rmm-random --n N --max SIZE [--seed S] -o FILE";
 const CONVERT_SYNOPSIS: &str = "usage: torch-arena convert TRACE -o FILE";
 const DEMO_SYNOPSIS: &str = "usage: torch-arena demo [--capacity SIZE] [--conf CONF] [--plot FILE] \
 [--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--progress | --no-progress]\n       torch-arena demo --model [--steps N] [--conf CONF]";
 
+/// Sites `--live` shows unless told.
+const LIVE_TOP: usize = 10;
 /// Exit status when a replay ran out of memory.
 const EXIT_OOM: u8 = 2;
 /// Default simulated capacity.

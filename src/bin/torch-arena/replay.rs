@@ -16,6 +16,9 @@ pub(crate) struct ReplaySettings {
     pub(crate) progress: bool,
     /// Steps, GPU lag, driver costs (`--repeat`, `--gpu-lag`, `--driver-costs`).
     pub(crate) timing: Timing,
+    /// `--live[=N]`: the N largest sites of what is live at the peak, or at the first
+    /// out-of-memory (0 = not shown).
+    pub(crate) live: usize,
 }
 
 impl ReplaySettings {
@@ -33,6 +36,7 @@ impl ReplaySettings {
                 gpu_lag_ns: DEFAULT_GPU_LAG_NS,
                 ..Timing::default()
             },
+            live: 0,
         }
     }
 
@@ -171,6 +175,9 @@ pub(crate) struct TraceOutcome {
     pub(crate) recorded_series: Option<Vec<Point>>,
     pub(crate) emulated: Option<Emulated>,
     pub(crate) runs: Vec<Run>,
+    /// With `--live`: what was live, by site, at the peak or where the arena ran out (the first
+    /// setting that did), and which of the two.
+    pub(crate) live: Option<(LiveSet, String)>,
 }
 
 impl TraceOutcome {
@@ -276,12 +283,35 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
                 outcome,
             }
         })
-        .collect();
+        .collect::<Vec<Run>>();
+    let live = if s.live > 0 {
+        let oom = runs.iter().find_map(|r| match &r.outcome {
+            Ok(res) => res.oom.as_ref().map(|o| (o.event, r.label.clone())),
+            Err(_) => None,
+        });
+        let (at, what) = match oom {
+            Some((event, label)) => (
+                live::At::Before(event),
+                format!(
+                    "at the out-of-memory of event {event} ({})",
+                    conf_name(&label)
+                ),
+            ),
+            None => (live::At::Peak, "at the peak of requested bytes".to_string()),
+        };
+        Some((
+            live::live_at(&trace, at).map_err(|e| format!("{name}: --live: {e}"))?,
+            what,
+        ))
+    } else {
+        None
+    };
     Ok(TraceOutcome {
         info,
         recorded_series,
         emulated,
         runs,
+        live,
     })
 }
 
@@ -537,6 +567,10 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
         .iter()
         .map(|run| {
             let mut j = JsonObject::new();
+            if let Some((set, what)) = &o.live {
+                j.raw("live", &live::to_json(set, s.live))
+                    .str("live_at", what);
+            }
             j.str("trace", &i.name)
                 .str("path", &i.path)
                 .str("source", &source_key(i.source))
@@ -871,6 +905,7 @@ pub(crate) const REPLAY_OPTIONS: &[&str] = &[
     "--native",
     "--backing",
     "--check",
+    "--live",
     "--json",
     "--plot",
     "--progress",
@@ -898,6 +933,15 @@ pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
             "--repeat" | "--gpu-lag" | "--driver-costs" => {
                 let v = cur.value(&name, inline)?;
                 s.timing_option(&name, &v)?;
+            }
+            "--live" => {
+                s.live = match inline {
+                    None => LIVE_TOP,
+                    Some(v) => match parse_count("--live", &v)? {
+                        0 => return Err("--live: show at least 1 site (--live=N, N >= 1)".into()),
+                        n => n.min(1 << 20) as usize,
+                    },
+                };
             }
             "--native" | "--backing" | "--check" | "--json" | "--progress" | "--no-progress" => {
                 cur.flag(&name, inline)?;
@@ -964,6 +1008,13 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
                     }
                 } else {
                     print_outcome(s, &o);
+                    if let Some((set, what)) = &o.live {
+                        println!("  live by site {what}:");
+                        for line in live::render(set, s.live).lines() {
+                            println!("    {line}");
+                        }
+                        println!();
+                    }
                 }
                 failed |= o.runs.iter().any(|r| r.outcome.is_err());
                 oom |= o.arena_oom();
