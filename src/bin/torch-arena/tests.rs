@@ -459,6 +459,7 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
                 Ok(result)
             },
         }],
+        live: None,
     }
 }
 
