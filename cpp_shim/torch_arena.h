@@ -183,6 +183,18 @@ int torch_arena_try_free(void* ptr, size_t size, int device, void* stream) TORCH
 /** Number of failed frees so far (any reason), process-wide. */
 uint64_t torch_arena_bad_free_count(void) TORCH_ARENA_NOEXCEPT;
 
+/**
+ * The out-of-memory observer: `size_t observer(int device, size_t size, char* buf, size_t cap)`,
+ * called at every out-of-memory error of torch_arena_malloc / torch_arena_try_malloc, before the
+ * error is returned or thrown, on the allocating thread, with no lock of torch-arena held (it may
+ * call back into torch-arena, but must not allocate device memory). It may write a line of at
+ * most `cap` bytes (UTF-8, no NUL needed) into `buf` and return its length: the line is appended
+ * to the error message. The Python package sets one that writes a memory snapshot and names the
+ * file (TORCH_ARENA_OOM_SNAPSHOT, or leaks:True). NULL clears it. Returns 0.
+ */
+typedef size_t (*torch_arena_oom_observer)(int device, size_t size, char* buf, size_t cap);
+int torch_arena_set_oom_observer(torch_arena_oom_observer observer) TORCH_ARENA_NOEXCEPT;
+
 /* ---------------------------------------------------------------------------------------------
  * PyTorch's optional hooks (set on the object returned by CUDAPluggableAllocator.allocator()).
  * They return nothing, so failures are recorded as the last error and logged at warn level

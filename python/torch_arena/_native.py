@@ -157,6 +157,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "torch_arena_reset_accumulated_stats": (_c_int, [_c_int]),
     "torch_arena_defragment": (_c_int, [_c_int, ctypes.POINTER(ReclaimReport)]),
     "torch_arena_empty_cache_report": (_c_int, [ctypes.POINTER(ReclaimReport)]),
+    "torch_arena_set_oom_observer": (_c_int, [_c_ptr]),
 }
 
 # The log exports (src/log.rs), bound only when the library has them.
@@ -243,30 +244,50 @@ def clear_last_error() -> None:
     _lib.torch_arena_clear_last_error()
 
 
-# Called with the OOM message when a request fails as out of memory; returns a line to append
-# to the message (the snapshot it wrote), or "". Set by torch_arena._oom (set_oom_hook).
-_oom_hook: Callable[[str], str] | None = None
+# `size_t observer(int device, size_t size, char* buf, size_t cap)` (torch_arena.h).
+_OomObserver = ctypes.CFUNCTYPE(_c_size, _c_int, _c_size, ctypes.c_void_p, _c_size)
+# The observer set, kept alive here: the library holds only its address.
+_oom_observer: Any = None
 
 
-def set_oom_hook(hook: Callable[[str], str] | None) -> None:
-    """Call ``hook(message)`` on every out-of-memory error raised from here; what it returns is
-    appended to the message (a line naming the snapshot it wrote)."""
-    global _oom_hook
-    _oom_hook = hook
+def set_oom_hook(hook: Callable[[int, int], str] | None) -> None:
+    """Call ``hook(device, size)`` at every out-of-memory error of the library (a PyTorch op's
+    or ours), before the error is raised, on the allocating thread, with no lock of the library
+    held; the line it returns is appended to the error's message. ``None`` removes it. A hook
+    that raises adds nothing: the OOM is never hidden behind it."""
+    global _oom_observer
+    if hook is None:
+        _lib.torch_arena_set_oom_observer(None)
+        _oom_observer = None
+        return
+
+    def observer(device: int, size: int, buf: int, cap: int) -> int:
+        try:
+            note = hook(device, size)
+        except Exception:
+            return 0
+        data = note.encode()[:cap]
+        while data and not _utf8_prefix(data):
+            data = data[:-1]
+        ctypes.memmove(buf, data, len(data))
+        return len(data)
+
+    _oom_observer = _OomObserver(observer)
+    _lib.torch_arena_set_oom_observer(ctypes.cast(_oom_observer, ctypes.c_void_p))
+
+
+def _utf8_prefix(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _error(code: int, call: str) -> Exception:
     """The exception for status ``code`` of ``call``, with the library's message."""
     msg = last_error() or f"{call} failed with status {code}"
     if code == ERR_OOM:
-        hook = _oom_hook
-        if hook is not None:
-            try:
-                extra = hook(msg)
-            except Exception:  # never hide the OOM behind a failed dump
-                extra = ""
-            if extra:
-                msg = f"{msg}\n{extra}"
         return OutOfMemoryError(msg)
     if code in _VALUE_ERRORS:
         return ValueError(msg)

@@ -7,21 +7,15 @@ file name (``{rank}`` and ``{pid}`` expanded; ``0`` turns it off even with ``lea
 The default name is ``torch-arena-oom-{rank}-{pid}.pickle`` in the working directory. Each OOM
 overwrites the process's file with the state at that OOM.
 
-Where it is written from:
-
-* an OOM raised by torch_arena itself (``caching_allocator_alloc``, ``DeviceBuffer``): at
-  once, with the allocation still failing, and the ``OutOfMemoryError`` message names the file;
-* an OOM raised by a PyTorch operation (the plugin's C++ exception): PyTorch turns it into a
-  ``RuntimeError`` that Python cannot see being raised, so the snapshot is written when the
-  error reaches the top of a thread uncaught (``sys.excepthook`` / ``threading.excepthook``),
-  while the traceback still holds the frames' tensors, and a line on stderr names the file. An
-  OOM the program catches (a batch-size search) writes nothing.
+It is written from the library's out-of-memory observer (``torch_arena_set_oom_observer``),
+at the moment a request fails, before the error is raised: for an OOM inside a PyTorch
+operation (the plugin's C++ exception, which PyTorch turns into ``torch.OutOfMemoryError``) as
+for one of torch_arena's own (``caching_allocator_alloc``, ``DeviceBuffer``). The error's
+message names the file. An OOM the program catches and recovers from (a batch-size search)
+writes one too, overwriting the file.
 """
 
 import os
-import sys
-import threading
-from typing import Any
 
 from . import _capture, _native, _paths
 
@@ -55,24 +49,9 @@ def _dump(path: str) -> str:
     )
 
 
-def _on_oom(message: str) -> str:
+def _on_oom(device: int, size: int) -> str:
     path = snapshot_path()
     return _dump(path) if path else ""
-
-
-def _is_oom(exc: BaseException | None) -> bool:
-    return isinstance(exc, RuntimeError) and str(exc).startswith(OOM_PREFIX)
-
-
-def _report_uncaught(exc: BaseException | None) -> None:
-    if not _is_oom(exc) or "torch-arena: a memory snapshot" in str(exc):
-        return
-    path = snapshot_path()
-    if path:
-        try:
-            print(_dump(path), file=sys.stderr)
-        except Exception as e:  # never hide the OOM behind a failed dump
-            print(f"torch-arena: the OOM snapshot could not be written: {e}", file=sys.stderr)
 
 
 def install(conf: str | None = None) -> bool:
@@ -85,18 +64,4 @@ def install(conf: str | None = None) -> bool:
         return False
     _installed = True
     _native.set_oom_hook(_on_oom)
-    previous_hook = sys.excepthook
-
-    def excepthook(tp: Any, value: BaseException, tb: Any) -> None:
-        _report_uncaught(value)
-        previous_hook(tp, value, tb)
-
-    sys.excepthook = excepthook
-    previous_thread_hook = threading.excepthook
-
-    def thread_excepthook(args: Any) -> None:
-        _report_uncaught(args.exc_value)
-        previous_thread_hook(args)
-
-    threading.excepthook = thread_excepthook
     return True

@@ -102,6 +102,7 @@ struct Lib {
   EmptyCacheReportFn empty_cache_report;
   ResetStatsFn reset_peak;
   ResetStatsFn reset_accumulated;
+  void* handle;
 
   explicit Lib(void* h)
       : alloc(sym<AllocFn>(h, "torch_arena_malloc")),
@@ -123,7 +124,8 @@ struct Lib {
         defragment(sym<ReclaimFn>(h, "torch_arena_defragment")),
         empty_cache_report(sym<EmptyCacheReportFn>(h, "torch_arena_empty_cache_report")),
         reset_peak(sym<ResetStatsFn>(h, "torch_arena_reset_peak_stats")),
-        reset_accumulated(sym<ResetStatsFn>(h, "torch_arena_reset_accumulated_stats")) {}
+        reset_accumulated(sym<ResetStatsFn>(h, "torch_arena_reset_accumulated_stats")),
+        handle(h) {}
 
   std::string error() const {
     size_t n = last_error(nullptr, 0);
@@ -423,6 +425,37 @@ int scenario_oom(const Lib& lib) {
   } catch (const std::exception& e) {
     CHECK(starts_with(e.what(), kOomPrefix), std::string("what() = ") + e.what());
     CHECK(lib.error() == e.what(), "last error differs from what(): " + lib.error());
+  }
+
+  // The out-of-memory observer (what the Python package sets to write a snapshot) runs before
+  // the exception is thrown, and its line ends the exception's message.
+  {
+    using Observer = size_t (*)(int, size_t, char*, size_t);
+    using SetObserverFn = int (*)(Observer);
+    static std::atomic<int> observed{0};
+    auto set_observer = reinterpret_cast<SetObserverFn>(
+        reinterpret_cast<uintptr_t>(dlsym(lib.handle, "torch_arena_set_oom_observer")));
+    CHECK(set_observer != nullptr, "torch_arena_set_oom_observer is not exported");
+    Observer note = [](int device, size_t size, char* buf, size_t cap) -> size_t {
+      observed++;
+      std::string line = "observer: device " + std::to_string(device) + ", " +
+                         std::to_string(size) + " bytes";
+      size_t n = std::min(line.size(), cap);
+      std::memcpy(buf, line.data(), n);
+      return n;
+    };
+    CHECK(set_observer(note) == 0, "set_oom_observer");
+    try {
+      void* p = lib.alloc(size_t{1} << 41, 0, nullptr);
+      fail("alloc(2 TiB) returned " + hex(p) + " instead of throwing");
+    } catch (const std::exception& e) {
+      std::string w = e.what();
+      CHECK(starts_with(w, kOomPrefix), "what() = " + w);
+      CHECK(w.find("\nobserver: device 0, 2199023255552 bytes") != std::string::npos,
+            "the observer's line is not in what(): " + w);
+    }
+    CHECK(observed.load() == 1, "observer calls: " + std::to_string(observed.load()));
+    CHECK(set_observer(nullptr) == 0, "clear the observer");
   }
 
   std::string what;

@@ -332,20 +332,28 @@ def test_an_oom_writes_a_snapshot_and_the_message_names_it(tmp_path):
     assert all(any(f["line"] == 4 for f in b["frames"]) for b in live), live
 
 
-def test_an_uncaught_oom_from_pytorch_writes_the_snapshot_at_exit_of_the_thread(tmp_path):
+def test_an_oom_caught_and_recovered_from_still_leaves_the_snapshot_of_that_moment(tmp_path):
+    # The observer runs in the library at the failed request, before any exception exists, so
+    # a batch-size search that catches the error still gets the snapshot of the moment (PyTorch's
+    # C++ exception path goes through the same call: see the C++ harness's oom scenario).
     from conftest import run_python
 
     proc = run_python(
         "import torch_arena\nfrom torch_arena.testing import DeviceBuffer\n"
         "keep = DeviceBuffer(1 << 20)\n"
-        "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n",
+        "for size in (1 << 30, 512 << 20):\n"
+        "    try:\n"
+        "        DeviceBuffer(size)\n"
+        "    except torch_arena.OutOfMemoryError:\n"
+        "        pass\n"
+        "print('RECOVERED', DeviceBuffer(4 << 20) is not None)\n",
         tmp_path,
         TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64,leaks:True",
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stderr
+    assert "RECOVERED True" in proc.stdout
     (written,) = list(tmp_path.glob("torch-arena-oom-0-*.pickle"))
-    assert f"written to {written.name}" in proc.stderr, proc.stderr
-    assert "RuntimeError: CUDA out of memory." in proc.stderr
+    assert written.stat().st_size > 0
 
 
 def test_no_oom_snapshot_unless_asked(tmp_path):
