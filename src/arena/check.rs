@@ -38,7 +38,8 @@ impl Inner {
                 if want > 0 && !r.plain && slot.phys.is_none() {
                     return Err(format!("region {ri} page {pi} is used but not mapped"));
                 }
-                let idle = !r.plain && want == 0 && slot.phys.is_some();
+                let pinned = self.streams[r.stream as usize].pinned;
+                let idle = !r.plain && want == 0 && slot.phys.is_some() && !pinned;
                 if idle != (slot.idle_stamp != 0) {
                     return Err(format!("region {ri} page {pi}: idle list out of step"));
                 }
@@ -170,7 +171,11 @@ impl Inner {
                 }
                 continue;
             }
-            if self.stream_index.get(&st.id) != Some(&(si as u32)) {
+            let indexed = match st.pool {
+                Some(p) => self.pool_states.get(&(p, st.id)),
+                None => self.stream_index.get(&st.id),
+            };
+            if indexed != Some(&(si as u32)) {
                 return Err(format!("stream slot {si} ({:#x}) is not indexed", st.id));
             }
             for &r in &st.regions {

@@ -277,6 +277,11 @@ impl Inner {
         if stamp <= st.safe_seq {
             return Ok(true);
         }
+        // Pools and capturing streams have their own rule (pool.rs).
+        if let Some(done) = self.capture_fence(s, stamp, block)? {
+            return Ok(done);
+        }
+        let st = &self.streams[s as usize];
         let event = match st.fence {
             Some(e) => e,
             None => {
@@ -335,7 +340,8 @@ impl Inner {
             let mapped = slot.phys.is_some();
             r.in_use -= 1;
             self.in_use_pages[r.pool as usize] -= 1;
-            if mapped {
+            // A pinned pool's pages stay off the idle list: nothing may take them (pool.rs).
+            if mapped && !self.streams[r.stream as usize].pinned {
                 self.idle_push(PageRef { region, page: p });
             }
         }
