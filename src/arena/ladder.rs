@@ -115,6 +115,7 @@ impl Inner {
     /// with `release`, give the pool (and idle plain segments) back to the driver.
     pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
         self.synchronize_all()?;
+        let synced = self.seq;
         let mut report = ReclaimReport::default();
         for s in 0..self.streams.len() {
             // A retired stream's slot has no classes.
@@ -130,7 +131,12 @@ impl Inner {
             }
         }
         // Every idle page is proven unused after a device-wide synchronisation; during a capture
-        // only those of the streams synchronised (pool.rs).
+        // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
+        // just now are too: nothing can have used them since.
+        let now = self.seq;
+        for st in self.streams.iter_mut().filter(|st| st.safe_seq == synced) {
+            st.safe_seq = now;
+        }
         while let Some(at) = self
             .streams
             .iter()

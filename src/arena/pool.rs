@@ -310,11 +310,12 @@ impl Inner {
     pub(super) fn synchronize_device(&mut self) -> std::result::Result<(), DeviceError> {
         self.dev.synchronize()?;
         self.stats.num_sync_all_streams += 1;
+        // Pending frees first: the pages they make idle are covered too.
+        self.finish_pending(true);
         let seq = self.seq;
         for st in &mut self.streams {
             st.safe_seq = seq;
         }
-        self.finish_pending(true);
         Ok(())
     }
 
@@ -332,6 +333,7 @@ impl Inner {
             self.dev.synchronize_stream(st.id)?;
             self.streams[s].safe_seq = seq;
         }
+        // Only frees whose events completed: a capturing stream's work is not proven done.
         self.finish_pending(false);
         Ok(())
     }
