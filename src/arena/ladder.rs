@@ -103,18 +103,21 @@ impl Inner {
         }
     }
 
-    pub(super) fn synchronize_all(&mut self) -> Result<()> {
+    /// Whether the whole device was synchronised (not during a capture).
+    pub(super) fn synchronize_all(&mut self) -> Result<bool> {
         // No device-wide synchronisation while a CUDA graph capture may be under way (pool.rs).
         if self.capture_underway()? {
-            return self.synchronize_outside_capture();
+            self.synchronize_outside_capture()?;
+            return Ok(false);
         }
-        Ok(self.synchronize_device()?)
+        self.synchronize_device()?;
+        Ok(true)
     }
 
     /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
     /// with `release`, give the pool (and idle plain segments) back to the driver.
     pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
-        self.synchronize_all()?;
+        let whole = self.synchronize_all()?;
         let synced = self.seq;
         let mut report = ReclaimReport::default();
         for s in 0..self.streams.len() {
@@ -133,9 +136,11 @@ impl Inner {
         // Every idle page is proven unused after a device-wide synchronisation; during a capture
         // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
         // just now are too: nothing can have used them since.
-        let now = self.seq;
-        for st in self.streams.iter_mut().filter(|st| st.safe_seq == synced) {
-            st.safe_seq = now;
+        if whole {
+            let now = self.seq;
+            for st in self.streams.iter_mut().filter(|st| st.safe_seq == synced) {
+                st.safe_seq = now;
+            }
         }
         while let Some(at) = self
             .streams

@@ -186,8 +186,14 @@ impl Inner {
         }
         // States that hold nothing go at once if nothing may still use their pages (a device
         // synchronisation since the release; usually not yet, so they go at the next one).
+        // A driver error here only delays the retirement to the next reclaim.
         for s in states {
-            self.retire_stream(s, false)?;
+            if let Err(e) = self.retire_stream(s, false) {
+                tracing::debug!("retiring a state of released pool ({}, {}): {e}", id.0, id.1);
+            }
+        }
+        if self.pools.get(&id).is_some_and(|p| p.states.is_empty()) {
+            self.pools.remove(&id);
         }
         Ok(())
     }

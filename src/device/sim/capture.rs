@@ -223,3 +223,23 @@ impl SimDevice {
         self.state.lock().captures.active.contains_key(&stream)
     }
 }
+
+impl SimDevice {
+    /// Whether every byte of `[ptr, ptr+len)` is mapped (or in a plain allocation): a test reads
+    /// host-backed memory only where this holds, instead of faulting.
+    pub fn is_mapped(&self, ptr: DevPtr, len: u64) -> bool {
+        let s = self.state.lock();
+        let end = ptr.saturating_add(len);
+        let mut at = ptr;
+        while at < end {
+            if let Some((start, m)) = s.mapping_at(at) {
+                at = start + m.size;
+            } else if let Some((start, size)) = s.plain_at(at) {
+                at = start + size;
+            } else {
+                return false;
+            }
+        }
+        true
+    }
+}
