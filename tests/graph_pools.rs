@@ -54,17 +54,36 @@ const POOLS: u64 = 3;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: u64, stream: u64 },
-    Free { pick: usize },
+    Alloc {
+        size: u64,
+        stream: u64,
+    },
+    Free {
+        pick: usize,
+    },
     /// A kernel over a live block on its stream (captured if the stream is capturing).
-    Launch { pick: usize },
+    Launch {
+        pick: usize,
+    },
     /// `torch.cuda.graph` enter: begin the pool (shared if it is live), then the capture.
-    Begin { pool: u64, stream: u64 },
-    End { pick: usize },
-    Replay { pick: usize, stream: u64 },
+    Begin {
+        pool: u64,
+        stream: u64,
+    },
+    End {
+        pick: usize,
+    },
+    Replay {
+        pick: usize,
+        stream: u64,
+    },
     /// A graph's reset: release its pool, then destroy it.
-    Release { pick: usize },
-    Complete { stream: u64 },
+    Release {
+        pick: usize,
+    },
+    Complete {
+        stream: u64,
+    },
     EmptyCache,
 }
 
@@ -138,7 +157,8 @@ fn intact(b: &Block) -> bool {
     // SAFETY: as in `write`; the memory stays mapped while the block (or its pool) lives.
     unsafe {
         std::ptr::read_unaligned(b.ptr as *const u64) == b.tag
-            && (b.size < 16 || std::ptr::read_unaligned((b.ptr + b.size - 8) as *const u64) == !b.tag)
+            && (b.size < 16
+                || std::ptr::read_unaligned((b.ptr + b.size - 8) as *const u64) == !b.tag)
     }
 }
 
@@ -237,7 +257,9 @@ impl Model {
                     .free(b.ptr, Some(b.size), b.stream)
                     .map_err(|e| e.to_string())?;
                 // Graph memory while a graph of its pool may replay.
-                if b.pool.is_some_and(|p| self.uses.get(&p).is_some_and(|&u| u > 0)) {
+                if b.pool
+                    .is_some_and(|p| self.uses.get(&p).is_some_and(|&u| u > 0))
+                {
                     self.shadow.push(b);
                 }
             }
@@ -390,5 +412,3 @@ proptest! {
         m.drain().map_err(TestCaseError::fail)?;
     }
 }
-
-

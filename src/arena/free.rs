@@ -122,7 +122,10 @@ impl Inner {
                 // Streams that were capturing at the free: record on them once they are not.
                 let streams = std::mem::take(&mut self.pending[0].waiting);
                 let (mut events, mut waiting) = (Vec::new(), Vec::new());
-                if self.record_frees(streams.clone(), &mut events, &mut waiting).is_err() {
+                if self
+                    .record_frees(streams.clone(), &mut events, &mut waiting)
+                    .is_err()
+                {
                     waiting = streams; // try again at the next poll
                 }
                 let p = &mut self.pending[0];

@@ -134,7 +134,10 @@ impl Inner {
     pub(super) fn begin_pool(&mut self, id: PoolId) -> Result<()> {
         let entry = self.pools.entry(id).or_default();
         if entry.recording {
-            return Err(pool_error(id, "is already recording (begin_allocate_to_pool twice)"));
+            return Err(pool_error(
+                id,
+                "is already recording (begin_allocate_to_pool twice)",
+            ));
         }
         entry.recording = true;
         entry.use_count += 1;
@@ -160,13 +163,19 @@ impl Inner {
                 self.poll_pending();
                 Ok(())
             }
-            _ => Err(pool_error(id, "is not recording (end_allocate_to_pool without begin)")),
+            _ => Err(pool_error(
+                id,
+                "is not recording (end_allocate_to_pool without begin)",
+            )),
         }
     }
 
     pub(super) fn release_pool(&mut self, id: PoolId) -> Result<()> {
         let Some(p) = self.pools.get_mut(&id) else {
-            return Err(pool_error(id, "does not exist (release_pool without begin)"));
+            return Err(pool_error(
+                id,
+                "does not exist (release_pool without begin)",
+            ));
         };
         if p.use_count == 0 {
             return Err(pool_error(id, "was released already"));
@@ -189,7 +198,11 @@ impl Inner {
         // A driver error here only delays the retirement to the next reclaim.
         for s in states {
             if let Err(e) = self.retire_stream(s, false) {
-                tracing::debug!("retiring a state of released pool ({}, {}): {e}", id.0, id.1);
+                tracing::debug!(
+                    "retiring a state of released pool ({}, {}): {e}",
+                    id.0,
+                    id.1
+                );
             }
         }
         if self.pools.get(&id).is_some_and(|p| p.states.is_empty()) {
@@ -205,7 +218,7 @@ impl Inner {
             self.streams[s as usize].last_used = self.tick;
             return Ok(s);
         }
-        if !self.pools.get(&id).is_some_and(|p| !p.released) {
+        if self.pools.get(&id).is_none_or(|p| p.released) {
             return Err(pool_error(id, "is not live"));
         }
         let s = self.add_state(stream, Some(id));
@@ -303,7 +316,11 @@ impl Inner {
         if self.recording_pools > 0 {
             return Ok(true);
         }
-        for st in self.streams.iter().filter(|st| !st.retired && st.pool.is_none()) {
+        for st in self
+            .streams
+            .iter()
+            .filter(|st| !st.retired && st.pool.is_none())
+        {
             if self.dev.is_capturing(st.id)? {
                 return Ok(true);
             }

@@ -182,10 +182,11 @@ impl SimDevice {
     /// memory in use until [`SimDevice::destroy_graph`].
     pub fn end_capture(&self, stream: StreamId) -> DeviceResult<u64> {
         let mut s = self.state.lock();
-        s.captures
-            .active
-            .remove(&stream)
-            .ok_or_else(|| misuse(format!("cuStreamEndCapture: stream {stream} is not capturing")))
+        s.captures.active.remove(&stream).ok_or_else(|| {
+            misuse(format!(
+                "cuStreamEndCapture: stream {stream} is not capturing"
+            ))
+        })
     }
 
     /// Launches every piece of work of graph `g` on `stream` (`cudaGraphLaunch`).
