@@ -317,7 +317,7 @@ impl Inner {
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
              free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
              {} cached ({} in idle mapped pages, {} in unmapped pages) and {} free inside partially \
-             used pages ({:.1}% fragmentation). Live allocations: {}.",
+             used pages ({:.1}% fragmentation). Live allocations: {}.{}",
             format_size(size),
             self.info.ordinal,
             format_size(total),
@@ -335,6 +335,7 @@ impl Inner {
                 0.0
             },
             s.allocation.all().current,
+            self.pool_oom_note(),
         )
     }
 }

@@ -398,6 +398,35 @@ impl Inner {
 }
 
 /// A pool hook called out of order: the caller broke the contract.
+impl Inner {
+    /// For the out-of-memory message: what private pools hold that nothing else may use, as
+    /// PyTorch's message names memory "allocated in private pools (e.g., CUDA Graphs)". Empty
+    /// when no pool holds a page. O(pages of the live pools), on the failure path only.
+    pub(super) fn pool_oom_note(&self) -> String {
+        let (mut pools, mut pages, mut unused) = (0u64, 0u64, 0u64);
+        for p in self.pools.values().filter(|p| !p.released) {
+            pools += 1;
+            for &s in &p.states {
+                for &r in &self.streams[s as usize].regions {
+                    for slot in &self.regions[r as usize].pages {
+                        pages += slot.phys.is_some() as u64;
+                        unused += (slot.phys.is_some() && slot.users == 0) as u64;
+                    }
+                }
+            }
+        }
+        if pages == 0 {
+            return String::new();
+        }
+        format!(
+            " Of the reserved memory, {} is held by {pools} private pool(s) (CUDA graphs), {} of it \
+             free but kept for the graphs' replays until they are reset.",
+            format_size(pages * self.page),
+            format_size(unused * self.page),
+        )
+    }
+}
+
 fn pool_error(id: PoolId, what: &str) -> Error {
     Error::Device(DeviceError::Misuse(format!(
         "private pool ({}, {}) {what}",

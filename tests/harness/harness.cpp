@@ -824,7 +824,7 @@ struct GraphRun {
     if (t.pool != 0) shadow.push_back(t);
   }
 
-  void expect_oom(size_t size, cudaStream_t s, const char* why) {
+  void expect_oom(size_t size, cudaStream_t s, const char* why, const char* mention = nullptr) {
     try {
       void* p = lib.alloc(size, 0, s);
       PoolInfo info{};
@@ -834,6 +834,8 @@ struct GraphRun {
            std::to_string(info.mapped_pages) + " pages");
     } catch (const std::exception& e) {
       CHECK(starts_with(e.what(), kOomPrefix), std::string("not an OOM: ") + e.what());
+      CHECK(mention == nullptr || std::strstr(e.what(), mention) != nullptr,
+            std::string("the message does not mention ") + mention + ": " + e.what());
     }
   }
 
@@ -961,7 +963,7 @@ int scenario_graph(const Lib& lib, void* h, const Capturer& cap) {
   CHECK(hooks.info(0, pool.first, pool.second, &info) == 0, "pool 1 info: " + lib.error());
   CHECK(info.mapped_pages >= 4, "pool 1 holds only " + std::to_string(info.mapped_pages) + " pages");
   const size_t big = kGraphCapacity - reserved + 2 * kPage;
-  g.expect_oom(big, O, "before any release");
+  g.expect_oom(big, O, "before any release", "private pool");
   g.check_all("after the refused request");
   hooks.release(0, pool);  // graph 2 reset: pool 1 still used by graph 1
   CHECK(g.use_count(pool) == 1, "use count after one release");
