@@ -1,10 +1,14 @@
-// The two entry points PyTorch calls through CUDAPluggableAllocator.
+// The entry points PyTorch calls through CUDAPluggableAllocator that need C++.
 //
-// They live in C++ because PyTorch never checks the pointer alloc_fn returns: an allocation that
-// cannot be met must become a C++ exception, which PyTorch turns into a Python RuntimeError.
-// Rust cannot throw one, so malloc calls the Rust side's status-returning torch_arena_try_malloc
-// and throws here. No exception ever passes through a Rust frame, and nothing unwinds out of
-// torch_arena_free (PyTorch frees from destructors).
+// malloc and free live in C++ because PyTorch never checks the pointer alloc_fn returns: an
+// allocation that cannot be met must become a C++ exception, which PyTorch turns into a Python
+// RuntimeError. Rust cannot throw one, so malloc calls the Rust side's status-returning
+// torch_arena_try_malloc and throws here. No exception ever passes through a Rust frame, and
+// nothing unwinds out of torch_arena_free (PyTorch frees from destructors).
+//
+// The three pool hooks of CUDA graph capture live here because begin_allocate_to_pool takes a
+// std::function: the shim keeps each recording pool's filter and asks them on every malloc
+// (docs/cuda-graphs.md).
 
 #include "torch_arena.h"
 

@@ -5,7 +5,9 @@
 //! Rust API. All allocator logic lives in [`TorchArena`]; each export here is a thin wrapper.
 //! The public header `cpp_shim/torch_arena.h` documents every symbol for C callers; the C++ shim
 //! (`cpp_shim/shim.cpp`) holds the two functions PyTorch calls, `torch_arena_malloc` and
-//! `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into a C++ exception.
+//! `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into a C++ exception, and
+//! the three pool hooks of CUDA graph capture, which call [`torch_arena_pool_begin`],
+//! [`torch_arena_pool_end`], [`torch_arena_pool_release`] and [`torch_arena_try_malloc_pool`].
 //!
 //! # The no-panic invariant
 //!
