@@ -147,13 +147,17 @@ extern "C" TORCH_ARENA_API void torch_arena_free(void* ptr, size_t size, int dev
   (void)torch_arena_try_free(ptr, size, device, stream);
 }
 
-// PyTorch's pool hooks. Nothing unwinds out of them: PyTorch calls them from capture_begin,
-// capture_end and a graph's reset or destructor.
+// PyTorch's pool hooks. begin throws std::runtime_error when the pool cannot record (PyTorch's
+// own beginAllocateToPool raises "already recording to mempool_id" with TORCH_CHECK, and
+// capture_begin then stops before the capture starts); end and release never throw, since
+// PyTorch calls them from capture_end and from a graph's reset or destructor.
 
 extern "C" TORCH_ARENA_API void torch_arena_begin_allocate_to_pool(int device, torch_arena::MempoolId id,
-                                                                   torch_arena::StreamFilter filter) noexcept {
+                                                                   torch_arena::StreamFilter filter) {
   if (torch_arena_pool_begin(device, id.first, id.second) != TORCH_ARENA_OK) {
-    return;  // the last error is set and the failure logged; nothing routes to the pool
+    // Going on would let this capture's end remove the recording one's filter.
+    std::string what = torch_arena::last_error_text();
+    throw std::runtime_error(what.empty() ? "torch-arena: begin_allocate_to_pool failed" : what);
   }
   if (device < 0 || device >= torch_arena::kMaxDevices) {
     return;

@@ -541,11 +541,15 @@ extern "C" {
  *
  * begin keeps `filter`; until end, every torch_arena_malloc on `device` asks the recording
  * filters in the order their pools began and takes the first that accepts the stream to the
- * pool (a filter that throws counts as refusing). None of them throws; a failure (a pool begun
- * twice, ended or released without begin) sets the last error and is logged at warn.
+ * pool (a filter that throws counts as refusing). begin throws std::runtime_error when the pool
+ * cannot record (already recording, as PyTorch's own TORCH_CHECK; a bad device or
+ * configuration), so the capture does not start; end and release never throw: a failure (ended
+ * or released without begin) sets the last error and is logged at warn. An allocation routed to
+ * a pool that stopped recording meanwhile (another thread ended it) is served from general
+ * memory.
  */
 TORCH_ARENA_API void torch_arena_begin_allocate_to_pool(int device, torch_arena::MempoolId id,
-                                                        torch_arena::StreamFilter filter) noexcept;
+                                                        torch_arena::StreamFilter filter);
 TORCH_ARENA_API void torch_arena_end_allocate_to_pool(int device, torch_arena::MempoolId id) noexcept;
 TORCH_ARENA_API void torch_arena_release_pool(int device, torch_arena::MempoolId id) noexcept;
 

@@ -412,3 +412,34 @@ proptest! {
         m.drain().map_err(TestCaseError::fail)?;
     }
 }
+
+/// A filter that accepted just before another thread ended the pool: the allocation is not part
+/// of the capture (it ended first) and gets general memory, not an error.
+#[test]
+fn an_allocation_routed_to_an_ended_pool_gets_general_memory() {
+    let (_dev, arena) = rig(64);
+    let pool = (3, 0);
+    arena.begin_pool(pool).unwrap();
+    let a = arena.malloc_pool(4096, 5, pool).unwrap();
+    assert_eq!(arena.pool_of(a), Some(pool));
+    arena.end_pool(pool).unwrap();
+    let b = arena.malloc_pool(4096, 5, pool).unwrap();
+    assert_eq!(arena.pool_of(b), None);
+    assert!(
+        arena.begin_pool(pool).is_ok(),
+        "a later capture may share the pool"
+    );
+    assert!(arena.begin_pool(pool).is_err(), "but not while it records");
+    arena.end_pool(pool).unwrap();
+    arena.release_pool(pool).unwrap();
+    arena.release_pool(pool).unwrap();
+    assert!(
+        arena.release_pool(pool).is_err(),
+        "released more often than begun"
+    );
+    arena.free(a, None, 5).unwrap();
+    arena.free(b, None, 5).unwrap();
+    arena.empty_cache().unwrap();
+    assert_eq!(arena.pool_info(pool), None);
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}

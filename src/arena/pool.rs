@@ -83,15 +83,18 @@ impl Arena {
         self.inner.lock().release_pool(id)
     }
 
-    /// At least `size` (> 0) bytes of pool `id` for `stream` (the pool must be recording).
+    /// At least `size` (> 0) bytes of pool `id` for `stream`. A pool that is not recording
+    /// (another thread ended it after the shim's filter accepted the stream: the capture ended
+    /// first, so this allocation is not part of it) gives general memory.
     pub fn malloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<DevPtr> {
         let mut g = self.inner.lock();
         if !g.pools.get(&id).is_some_and(|p| p.recording) {
-            return Err(pool_error(
-                id,
-                "is not recording (begin_allocate_to_pool was not called, or \
-                 end_allocate_to_pool was)",
-            ));
+            tracing::debug!(
+                "allocation for private pool ({}, {}), which is not recording: general memory",
+                id.0,
+                id.1
+            );
+            return g.malloc(size, stream, None);
         }
         g.malloc(size, stream, Some(id))
     }

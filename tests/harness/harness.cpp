@@ -882,6 +882,15 @@ int scenario_graph(const Lib& lib, void* h, const Capturer& cap) {
   cap.begin(C);
   cap.begin(Cs);
   CHECK(g.use_count(pool) == 1, "pool use count after begin");
+  // Beginning a pool that is recording fails as in PyTorch (an exception, so that capture never
+  // starts) and leaves the recording one as it was.
+  try {
+    hooks.begin(0, pool, [](cudaStream_t) { return true; });
+    fail("begin_allocate_to_pool on a recording pool did not throw");
+  } catch (const std::exception& e) {
+    CHECK(std::strstr(e.what(), "already recording") != nullptr, e.what());
+  }
+  CHECK(g.use_count(pool) == 1, "pool use count after a refused begin");
   // The side stream's blocks die during capture and nothing on it allocates again: their pages
   // are the pool's cache, and every replay reads and writes them.
   for (int i = 0; i < 3; ++i) g.alloc(10u << 20, Cs, pool.first);
