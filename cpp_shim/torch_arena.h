@@ -434,13 +434,14 @@ uint64_t torch_arena_step(void) TORCH_ARENA_NOEXCEPT;
 uint64_t torch_arena_current_step(void) TORCH_ARENA_NOEXCEPT;
 
 /**
- * Push tag (UTF-8, any text) on the process-wide tag stack: allocations made from now on, on any
- * thread, carry the innermost tag until it is popped. 0, TORCH_ARENA_ERR_INVALID_ARGUMENT (NULL)
+ * Push tag (UTF-8, any text) on the calling thread's tag stack: allocations that thread makes
+ * from now on carry the innermost tag until it is popped (other threads keep their own). 0, TORCH_ARENA_ERR_INVALID_ARGUMENT (NULL)
  * or TORCH_ARENA_ERR_CONFIG (not UTF-8).
  */
 int torch_arena_tag_push(const char* tag) TORCH_ARENA_NOEXCEPT;
 
-/** Pop the innermost tag. 0, or TORCH_ARENA_ERR_INVALID_ARGUMENT when the stack is empty. */
+/** Pop the calling thread's innermost tag. 0, or TORCH_ARENA_ERR_INVALID_ARGUMENT when this
+ * thread's stack is empty. */
 int torch_arena_tag_pop(void) TORCH_ARENA_NOEXCEPT;
 
 /**

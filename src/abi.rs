@@ -1307,7 +1307,8 @@ pub extern "C" fn torch_arena_current_step() -> u64 {
     .unwrap_or(0)
 }
 
-/// Push `tag` on the process-wide tag stack: new allocations carry the innermost tag. 0, or
+/// Push `tag` on the calling thread's tag stack: new allocations made on this thread carry its innermost
+/// tag (tags are per thread, so two threads' labels never swap). 0, or
 /// `TORCH_ARENA_ERR_INVALID_ARGUMENT` (NULL), `TORCH_ARENA_ERR_CONFIG` (not UTF-8).
 ///
 /// # Safety
@@ -1322,7 +1323,8 @@ pub unsafe extern "C" fn torch_arena_tag_push(tag: *const c_char) -> c_int {
     })
 }
 
-/// Pop the innermost tag. 0, or `TORCH_ARENA_ERR_INVALID_ARGUMENT` when the stack is empty.
+/// Pop the calling thread's innermost tag. 0, or `TORCH_ARENA_ERR_INVALID_ARGUMENT` when its stack is
+/// empty.
 #[unsafe(no_mangle)]
 pub extern "C" fn torch_arena_tag_pop() -> c_int {
     status("torch_arena_tag_pop", || {

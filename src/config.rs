@@ -97,6 +97,9 @@ pub struct Config {
     /// `page_size_mb:N`: physical page size in MiB, a multiple of the granularity (default 2).
     /// The multiple-of-granularity check happens when the arena is created, not here.
     pub page_size_mb: u64,
+    /// `handle_mb:N`: size of the physical handles created for large blocks, in whole pages
+    /// (rounded down, at least one; default 2: one page per handle).
+    pub handle_mb: u64,
     /// `stitch:True|False`: reuse idle mapped pages anywhere before creating new ones (default True).
     pub stitch: bool,
     /// `release_idle_ms:N`: release cached pages idle longer than N ms to the driver; 0 = never.
@@ -109,6 +112,9 @@ pub struct Config {
     /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
     /// Python package); `None` = no recording.
     pub trace: Option<String>,
+    /// `driver_costs:PATH`: latencies of the driver calls for the lab's cost model
+    /// (`torch-arena replay`; see `src/device/costs.rs`); `None` = the A100 defaults.
+    pub driver_costs: Option<String>,
     /// `sites:none|python|native|all|auto`: which allocation sites are captured; `None` = `auto`
     /// (not given: see [`Config::effective_sites`]).
     pub sites: Option<SitesMode>,
@@ -145,11 +151,13 @@ impl Default for Config {
             sim_vmm: true,
             sim_devices: 1,
             page_size_mb: 2,
+            handle_mb: 2,
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
             slab_max_kb: 1024,
             trace: None,
+            driver_costs: None,
             sites: None,
             sites_every: 1,
             sites_min_kb: 0,
@@ -228,7 +236,7 @@ fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-const KEY_DEFS: [KeyDef; 18] = [
+const KEY_DEFS: [KeyDef; 20] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -309,6 +317,19 @@ const KEY_DEFS: [KeyDef; 18] = [
         show: |c| c.page_size_mb.to_string(),
     },
     KeyDef {
+        name: "handle_mb",
+        help: "size in MiB of the physical handles created for large blocks (one cuMemCreate and \
+               one cuMemMap each), an integer from 1 to 1024, in whole pages (rounded down, at \
+               least one page): larger handles mean fewer driver calls, smaller ones let freed \
+               memory move between ranges more finely (default 2)",
+        forms: "an integer from 1 to 1024 (MiB)",
+        set: |c, v| {
+            c.handle_mb = parse_uint(v).filter(|&n| (1..=MAX_PAGE_SIZE_MB).contains(&n))?;
+            Some(())
+        },
+        show: |c| c.handle_mb.to_string(),
+    },
+    KeyDef {
         name: "stitch",
         help: "reuse idle mapped pages anywhere before creating new ones, True or False \
                (default True)",
@@ -370,6 +391,17 @@ const KEY_DEFS: [KeyDef; 18] = [
             c.trace.as_ref().map(|_| ())
         },
         show: |c| c.trace.clone().unwrap_or_default(),
+    },
+    KeyDef {
+        name: "driver_costs",
+        help: "torch-arena replay only: a file of driver call latencies (NAME = MICROSECONDS per \
+               line) that prices the simulated device's calls (default: the A100 figures)",
+        forms: "a file path without ',', ':', '[' or ']'",
+        set: |c, v| {
+            c.driver_costs = Some(v.to_string()).filter(|p| !p.is_empty());
+            c.driver_costs.as_ref().map(|_| ())
+        },
+        show: |c| c.driver_costs.clone().unwrap_or_default(),
     },
     KeyDef {
         name: "sites",

@@ -505,23 +505,44 @@ fn failed_release_in_empty_cache_keeps_the_page() {
     assert_eq!(fake.live("handles"), 0, "the page leaked in the driver");
 }
 
-/// When mapping page k of a new range fails, the arena unmaps pages 0..k again and puts every page
-/// back in its pool. If one of those unmaps fails too, the page is still mapped: the arena must
-/// not treat it as unmapped (pool it, map it elsewhere, map over it, release it).
+/// A range is backed by handles of up to 20 MiB, mapped one cuMemMap each, then granted access
+/// in one cuMemSetAccess. When the second handle's cuMemMap fails, the first stays mapped (it is
+/// granted access and goes idle, cached for the next range): the arena must not treat it as
+/// unmapped (pool it, map it elsewhere, map over it, release it).
+#[test]
+fn a_failed_map_keeps_what_was_mapped_as_idle_memory() {
+    let (_g, fake) = fakecuda::session();
+    let dev = Arc::new(CudaDevice::open(0).unwrap());
+    let arena = Arena::new(dev as Arc<dyn Device>, &Config::default()).unwrap();
+    fake.fail_nth("cuMemMap", 2); // the second handle of the 24 MiB block
+    assert!(arena.malloc(24 << 20, 0).is_err(), "the injected failure");
+    arena.check_consistency().unwrap();
+    assert_eq!(fake.live("mappings"), 1, "the first handle stays mapped");
+    // The driver works again: the same range reuses the mapped handle with no second map of it.
+    let a = arena.malloc(24 << 20, 0).unwrap();
+    arena.free(a, Some(24 << 20), 0).unwrap();
+    arena.check_consistency().unwrap();
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    for what in ["mappings", "handles", "bytes"] {
+        assert_eq!(fake.live(what), 0, "{what} left after empty_cache");
+    }
+}
+
+/// When the run's cuMemSetAccess fails and so does the cuMemUnmap that undoes it, the handles
+/// are still mapped in the driver: the arena keeps them as mapped (never pools a mapped handle),
+/// and a later trim unmaps and releases them.
 #[test]
 fn failed_undo_unmap_does_not_pool_a_mapped_page() {
     let (_g, fake) = fakecuda::session();
     let dev = Arc::new(CudaDevice::open(0).unwrap());
     let arena = Arena::new(dev as Arc<dyn Device>, &Config::default()).unwrap();
-    fake.fail_nth("cuMemMap", 2); // the second page of the 4 MiB block
-    fake.fail_nth("cuMemUnmap", 1); // and the undo of the first
+    fake.fail_nth("cuMemSetAccess", 1);
+    fake.fail_nth("cuMemUnmap", 1); // the undo
     assert!(arena.malloc(4 << 20, 0).is_err(), "the injected failure");
-    // The driver works again. Fails today: the arena maps a pooled page over the stray mapping,
-    // and cuMemMap answers CUDA_ERROR_INVALID_VALUE for this request from now on.
-    let a = arena.malloc(4 << 20, 0).unwrap();
-    arena.free(a, Some(4 << 20), 0).unwrap();
-    // (And empty_cache's cuMemRelease of the still-mapped page fails with
-    // CUDA_ERROR_INVALID_VALUE, after which the page is lost as in the test above.)
+    arena.check_consistency().unwrap();
+    let a = arena.malloc(8 << 20, 0).unwrap();
+    arena.free(a, Some(8 << 20), 0).unwrap();
     arena.empty_cache().unwrap();
     arena.check_consistency().unwrap();
     for what in ["mappings", "handles", "bytes"] {

@@ -81,7 +81,20 @@ fn help_lists_commands_options_and_exit_codes() {
 #[test]
 fn unknown_command() {
     let o = torch_arena(&["replya"]);
-    assert_usage_error(&o, &["unknown command 'replya'", "replay, synth, demo"]);
+    assert_usage_error(
+        &o,
+        &["unknown command 'replya'", "replay, synth, convert, demo"],
+    );
+}
+
+#[test]
+fn version_is_printed() {
+    let o = torch_arena(&["--version"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(
+        stdout(&o),
+        format!("torch-arena {}\n", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
@@ -240,7 +253,9 @@ fn demo_model_runs_the_modelled_loop() {
         assert!(out.contains("1 steps in"), "{out}");
     }
     let o = torch_arena(&["demo", "--model", "--capacity", "1GiB"]);
-    assert_usage_error(&o, &["--capacity and --plot are for the trace replay"]);
+    assert_usage_error(&o, &["--capacity, --plot", "are for the trace replay"]);
+    let o = torch_arena(&["demo", "--model", "--gpu-lag", "1ms"]);
+    assert_usage_error(&o, &["--gpu-lag", "are for the trace replay"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -450,7 +465,7 @@ fn unreadable_trace_file_is_named_and_the_others_still_run() {
 
 #[test]
 fn synth_writes_a_trace_file() {
-    // Needs trace::format::write too (see write_trace in src/bin/torch-arena.rs).
+    // Needs trace::format::write too (see write_trace in src/bin/torch-arena/convert.rs).
     let dir = scratch("synth");
     let file = dir.join("rmm.trace.gz");
     let o = torch_arena(&[
@@ -530,4 +545,287 @@ fn convert_writes_a_trace_that_replays_the_same() {
         &["-o FILE"],
     );
     assert_usage_error(&torch_arena(&["convert"]), &["which trace"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The timing model: --repeat, --gpu-lag, --driver-costs
+
+/// The number after `"key": ` at or after byte `from` of `line`.
+fn num_after(line: &str, key: &str, from: usize) -> f64 {
+    let pat = format!("\"{key}\": ");
+    let at = line[from..]
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key}: {line}"))
+        + from;
+    let rest = &line[at + pat.len()..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key}: {}", &rest[..end]))
+}
+
+/// The `"key": {...}` object of call counts at or after byte `from`, as (name, count) pairs.
+fn calls_after(line: &str, key: &str, from: usize) -> Vec<(String, f64)> {
+    let pat = format!("\"{key}\": {{");
+    let at = line[from..].find(&pat).unwrap() + from + pat.len();
+    let body = &line[at..at + line[at..].find('}').unwrap()];
+    body.split(", ")
+        .map(|kv| {
+            let (k, v) = kv.split_once(": ").unwrap();
+            (k.trim_matches('"').to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn timing_options_reach_the_json() {
+    let dir = scratch("timing");
+    let costs = dir.join("costs.txt");
+    std::fs::write(&costs, "# slower maps\ncuMemMap = 10\ncudaMalloc: 100\n").unwrap();
+    let o = torch_arena(&[
+        "replay",
+        "--json",
+        "--native",
+        "--repeat",
+        "3",
+        "--gpu-lag",
+        "500us",
+        "--driver-costs",
+        costs.to_str().unwrap(),
+        "--capacity",
+        "80GiB",
+        "synth:rmm-random:2000:64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = stdout(&o);
+    let line = line.trim_end();
+    assert_eq!(num_after(line, "gpu_lag_us", 0), 500.0);
+    assert_eq!(num_after(line, "repeat", 0), 3.0);
+    assert!(line.contains(&format!("\"driver_costs\": \"{}\"", costs.display())));
+    // Counts by kind add up to driver_calls, and modelled time is Σ count × latency.
+    let latency = |k: &str| match k {
+        "cuMemAddressReserve" | "cuMemAddressFree" => 19.0,
+        "cuMemCreate" => 193.0,
+        "cuMemRelease" => 26.0,
+        "cuMemMap" => 10.0,
+        "cuMemUnmap" => 25.6,
+        "cuMemSetAccess" => 36.0,
+        "cuMemAlloc" => 100.0,
+        "cuMemFree" => 52.0,
+        "cuEventDestroy" | "cuEventQuery" | "cuMemGetInfo" => 1.0,
+        _ => 2.0,
+    };
+    for prefix in ["", "native_"] {
+        let calls = calls_after(line, &format!("{prefix}driver_calls_by_kind"), 0);
+        assert_eq!(calls.len(), 17, "{calls:?}");
+        let total: f64 = calls.iter().map(|(_, n)| n).sum();
+        assert_eq!(total, num_after(line, &format!("{prefix}driver_calls"), 0));
+        assert!(total > 0.0);
+        let secs: f64 = calls.iter().map(|(k, n)| n * latency(k)).sum::<f64>() / 1e6;
+        let got = num_after(line, &format!("{prefix}modelled_driver_s"), 0);
+        assert!((got - secs).abs() < 1e-9, "{prefix}: {got} vs {secs}");
+    }
+    // Three steps each, for the arena and the emulation.
+    for key in ["steps", "native_steps"] {
+        let at = line.find(&format!("\"{key}\": [")).unwrap();
+        let body = &line[at..at + line[at..].find("}]").unwrap()];
+        assert_eq!(body.matches("\"peak_reserved_bytes\"").count(), 3, "{key}");
+    }
+    assert!(line.contains("\"native_driver_calls_from\": \"emulated\""));
+}
+
+#[test]
+fn timing_options_are_checked() {
+    let t = "synth:rmm-random:10:1MiB";
+    let o = torch_arena(&["replay", "--gpu-lag", "5 parsecs", t]);
+    assert_usage_error(&o, &["--gpu-lag: '5 parsecs' is not a duration", "5ms"]);
+    let o = torch_arena(&["replay", "--repeat", "0", t]);
+    assert_usage_error(&o, &["--repeat: '0' must be from 1"]);
+    let o = torch_arena(&["replay", "--driver-costs", "/no/such/costs", t]);
+    assert_usage_error(&o, &["driver costs file '/no/such/costs'"]);
+    let dir = scratch("bad-costs");
+    let costs = dir.join("costs.txt");
+    std::fs::write(&costs, "cuMemFrob = 3\n").unwrap();
+    let o = torch_arena(&["replay", "--driver-costs", costs.to_str().unwrap(), t]);
+    assert_usage_error(&o, &["unknown call 'cuMemFrob'", "cuMemCreate"]);
+}
+
+#[test]
+fn gpu_lag_zero_is_the_replay_without_a_lag_model() {
+    // The same figures as the replay always gave: no stall, and the peaks and calls of a lag-0
+    // run do not depend on the per-event clock.
+    let args = |lag: &'static str| {
+        vec![
+            "replay",
+            "--json",
+            "--gpu-lag",
+            lag,
+            "--capacity",
+            "2GiB",
+            "synth:rmm-random:3000:128MiB",
+        ]
+    };
+    let a = stdout(&torch_arena(&args("0")));
+    assert_eq!(num_after(&a, "modelled_stall_s", 0), 0.0);
+    let b = stdout(&torch_arena(&args("0ms")));
+    for k in ["peak_reserved_bytes", "driver_calls", "modelled_driver_s"] {
+        assert_eq!(num_after(&a, k, 0), num_after(&b, k, 0), "{k}");
+    }
+}
+
+#[test]
+fn repeat_shows_a_steady_state_table() {
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--repeat",
+        "2",
+        "synth:rmm-random:1000:4MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "2 steps of the trace; GPU lag 2.00 ms",
+        "driver time",
+        "stall",
+        "steady state",
+        "last step: memory calls",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
+}
+
+#[test]
+fn demo_runs_from_a_copy_of_the_command_anywhere() {
+    // The demo trace is built into the command: a copy in a folder outside the source tree,
+    // run from there, replays it (the wheel installs exactly such a copy; the installed-wheel
+    // test is tests/python/test_demo_installed.py).
+    let dir = scratch("demo-anywhere");
+    let exe = dir.join("torch-arena");
+    std::fs::copy(env!("CARGO_BIN_EXE_torch-arena"), &exe).unwrap();
+    let o = Command::new(&exe)
+        .args(["demo", "--no-progress"])
+        .current_dir(&dir)
+        .env_remove("TORCH_ARENA_DEMO_TRACE")
+        .env_remove("TORCH_ARENA_CONF")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "the demo trace built into torch-arena",
+        "3 steps of the trace",
+        "native (emulated)",
+        "Memory driver calls per step, steady state",
+        "the same for native (emulated)",
+    ] {
+        assert!(out.contains(s), "lacks {s:?}: {out}");
+    }
+}
+
+#[test]
+fn plots_show_capacity_oom_seeded_and_driver_time() {
+    // The adversarial trace at its own capacity: the native emulation runs out of memory, the
+    // capacity line is inside the plot, and both allocators' driver time is drawn.
+    let dir = scratch("plot-marks");
+    let svg = dir.join("adv.svg");
+    let o = torch_arena(&[
+        "replay",
+        "--native",
+        "--capacity",
+        "1GiB",
+        "--plot",
+        svg.to_str().unwrap(),
+        "synth:adversarial:1GiB",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(
+        text.matches("<line class=\"capacity\"").count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains("capacity 1 GiB"));
+    assert_eq!(text.matches("<line class=\"oom\"").count(), 1, "{text}");
+    assert!(text.contains(">OOM: native (emulated)</text>"));
+    assert_eq!(text.matches("class=\"driver-time\"").count(), 2);
+    assert!(text.contains("modelled driver time: native (emulated)"));
+    // An arena out-of-memory is marked too, in its own colour.
+    let svg = dir.join("oom.svg");
+    let o = torch_arena(&[
+        "replay",
+        "--capacity",
+        "256MiB",
+        "--plot",
+        svg.to_str().unwrap(),
+        "synth:rmm-random:2000:64MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains(">OOM: arena (defaults)</text>"), "{text}");
+}
+
+#[test]
+fn many_traces_make_an_overview_chart() {
+    let dir = scratch("overview");
+    let svg = dir.join("all.svg");
+    let traces: Vec<String> = (1..=8)
+        .map(|s| format!("synth:rmm-random:300:4MiB:{s}"))
+        .collect();
+    let mut args = vec!["replay", "--native", "--plot", svg.to_str().unwrap()];
+    args.extend(traces.iter().map(String::as_str));
+    let o = torch_arena(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("overview of 8 traces"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(text.matches("<g>").count(), 0, "no stacked panels");
+    for t in &traces {
+        assert!(text.contains(&format!(">{t}</text>")), "{t}");
+    }
+    assert!(text.contains("peak reserved, ours / native"));
+    assert!(text.contains("modelled driver time, ours / native"));
+}
+
+/// `--live`: what is live by site at the peak, or where the arena ran out of memory (issue 15
+/// item 4, the CLI half), in the table and in JSON.
+#[test]
+fn live_by_site_at_the_peak_or_at_the_oom() {
+    let o = torch_arena(&[
+        "replay",
+        "synth:adversarial:16GiB",
+        "--capacity",
+        "12GiB",
+        "--live=3",
+        "--no-progress",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("live by site at the out-of-memory of event"),
+        "{out}"
+    );
+    assert!(out.contains("in 2048 allocation(s)"), "{out}");
+
+    let o = torch_arena(&[
+        "replay",
+        "synth:rmm-random:2000:64MiB:3",
+        "--live",
+        "--json",
+        "--no-progress",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let line = stdout(&o);
+    assert!(
+        line.contains("\"live_at\":\"at the peak of requested bytes\"")
+            || line.contains("\"live_at\": \"at the peak of requested bytes\""),
+        "{line}"
+    );
+    assert!(line.contains("\"events_applied\""), "{line}");
+
+    let o = torch_arena(&["replay", "synth:rmm-random:10:1MiB", "--live=0"]);
+    assert_usage_error(&o, &["--live", "at least 1"]);
 }

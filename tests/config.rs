@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 20] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -38,11 +38,13 @@ const KEYS: [&str; 18] = [
     "sim_vmm",
     "sim_devices",
     "page_size_mb",
+    "handle_mb",
     "stitch",
     "release_idle_ms",
     "memory_fraction",
     "slab_max_kb",
     "trace",
+    "driver_costs",
     "sites",
     "sites_every",
     "sites_min_kb",
@@ -362,8 +364,8 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, sites, \
-         sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
+         page_size_mb, handle_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, \
+         driver_costs, sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
     );
     fails_with(
         "Stitch:True",
@@ -489,12 +491,20 @@ fn accepted_keys_is_the_single_table() {
         .collect();
     assert_eq!(
         optional.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
-        ["trace"]
+        ["trace", "driver_costs"]
     );
     for (key, help) in optional {
-        assert!(help.ends_with("(default: no recording)"), "{key}: {help:?}");
+        let default = if *key == "trace" {
+            "(default: no recording)"
+        } else {
+            "(default: the A100 figures)"
+        };
+        assert!(help.ends_with(default), "{key}: {help:?}");
     }
-    let listed: Vec<&(&str, &str)> = table.iter().filter(|(k, _)| *k != "trace").collect();
+    let listed: Vec<&(&str, &str)> = table
+        .iter()
+        .filter(|(k, _)| !["trace", "driver_costs"].contains(k))
+        .collect();
     assert_eq!(
         defaults.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
         listed.iter().map(|(k, _)| *k).collect::<Vec<_>>()
@@ -515,7 +525,7 @@ fn display_prints_the_grammar() {
     assert_eq!(
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
-         sim_devices:1,page_size_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         sim_devices:1,page_size_mb:2,handle_mb:2,stitch:True,release_idle_ms:0,memory_fraction:1,\
          slab_max_kb:1024,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
          leak_age:0"
     );

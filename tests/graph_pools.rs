@@ -13,8 +13,12 @@ const MIB: u64 = 1 << 20;
 const PAGE: u64 = 2 * MIB;
 
 fn rig(capacity_mb: u64) -> (Arc<SimDevice>, Arena) {
+    rig_with(capacity_mb, &Config::default())
+}
+
+fn rig_with(capacity_mb: u64, conf: &Config) -> (Arc<SimDevice>, Arena) {
     let dev = Arc::new(SimDevice::new(SimConfig::new(capacity_mb * MIB, PAGE, true)).unwrap());
-    let arena = Arena::new(dev.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let arena = Arena::new(dev.clone() as Arc<dyn Device>, conf).unwrap();
     (dev, arena)
 }
 
@@ -163,8 +167,8 @@ fn intact(b: &Block) -> bool {
 }
 
 impl Model {
-    fn new() -> Model {
-        let (dev, arena) = rig(192);
+    fn new(conf: &Config) -> Model {
+        let (dev, arena) = rig_with(192, conf);
         Model {
             dev,
             arena,
@@ -404,10 +408,21 @@ proptest! {
     /// everything back at the end.
     #[test]
     fn pools_and_general_traffic_never_overlap(ops in prop::collection::vec(op_strategy(), 1..200)) {
-        let mut m = Model::new();
+        let mut m = Model::new(&Config::default());
         for (i, op) in ops.iter().enumerate() {
             let before = (m.dev.counters(), m.dev.mapped_pages(), m.live.len(), m.shadow.len());
             m.apply(op).map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: {e}; before {before:?} after {:?}", (m.dev.counters(), m.dev.mapped_pages(), m.live.len(), m.shadow.len()))))?;
+        }
+        m.drain().map_err(TestCaseError::fail)?;
+    }
+
+    /// The same with physical handles of 4 pages (`handle_mb:8`), which large blocks map whole.
+    #[test]
+    fn pools_with_multi_page_handles_never_overlap(ops in prop::collection::vec(op_strategy(), 1..160)) {
+        let conf = Config::parse("handle_mb:8").unwrap();
+        let mut m = Model::new(&conf);
+        for (i, op) in ops.iter().enumerate() {
+            m.apply(op).map_err(|e| TestCaseError::fail(format!("op {i} {op:?}: {e}")))?;
         }
         m.drain().map_err(TestCaseError::fail)?;
     }

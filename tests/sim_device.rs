@@ -499,6 +499,44 @@ fn random_failures_are_deterministic_and_leave_nothing_behind() {
 }
 
 #[test]
+fn the_clock_completes_launches_when_due_and_waits_count_as_stalls() {
+    let d = sim(64 * MIB, false);
+    let (va, _) = mapped_range(&d, 2);
+    let ev = d.create_event().unwrap();
+    d.launch_until(1, va, PAGE, 1_000);
+    d.launch_until(1, va + PAGE, PAGE, 3_000);
+    d.record_event(ev, 1).unwrap();
+    d.advance_to(500);
+    assert_eq!(d.stream_progress(1), (2, 0));
+    assert!(!d.query_event(ev).unwrap());
+    d.advance_to(1_000);
+    assert_eq!(d.stream_progress(1), (2, 1));
+    assert!(!d.query_event(ev).unwrap());
+    // The clock never goes back.
+    d.advance_to(10);
+    assert_eq!(d.now_ns(), 1_000);
+    // Waiting for the event blocks until the second launch is due: a 2 µs stall.
+    d.synchronize_event(ev).unwrap();
+    assert!(d.query_event(ev).unwrap());
+    assert_eq!((d.stall_ns(), d.now_ns()), (2_000, 3_000));
+    // Work already due costs no wait; a device synchronisation waits for the latest launch.
+    d.launch_until(2, va, PAGE, 2_500);
+    d.launch_until(3, va, PAGE, 7_000);
+    d.synchronize().unwrap();
+    assert_eq!((d.stall_ns(), d.now_ns()), (6_000, 7_000));
+    assert!(d.busy_ranges().is_empty());
+    // `complete` is the GPU finishing by itself: no host wait.
+    d.launch_until(4, va, PAGE, 99_000);
+    d.complete(4);
+    assert_eq!(d.stall_ns(), 6_000);
+    // Unmapping before the work is due is a violation; after it, not.
+    d.launch_until(5, va, PAGE, 8_000);
+    d.advance_to(8_000);
+    d.unmap(va, PAGE).unwrap();
+    assert!(d.violations().is_empty(), "{:?}", d.violations());
+}
+
+#[test]
 fn counters_count_every_call() {
     let d = sim(32 * MIB, false);
     let (va, pages) = mapped_range(&d, 2);

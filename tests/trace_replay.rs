@@ -61,7 +61,7 @@ fn trace(steps: &[S]) -> Trace {
 }
 
 fn nat(t: &Trace, capacity: u64) -> native::NativeResult {
-    native::simulate(t, &NativeOptions::new(capacity))
+    native::simulate(t, &NativeOptions::new(capacity)).unwrap()
 }
 
 fn opts(capacity: u64, check: bool, backing: bool) -> ReplayOptions {
@@ -73,6 +73,7 @@ fn opts(capacity: u64, check: bool, backing: bool) -> ReplayOptions {
         check,
         consistency_every: 1,
         series_points: 50,
+        timing: Default::default(),
     }
 }
 
@@ -232,15 +233,15 @@ fn native_max_split_size_keeps_big_blocks_whole() {
     o.max_split_size = Some(40 * MIB);
     // A cached 64 MiB block is not used for an 8 MiB request (< max_split, block >= max_split).
     let t = trace(&[S::A(1, 64 * MIB), S::F(1), S::A(2, 8 * MIB)]);
-    assert_eq!(native::simulate(&t, &o).peak_reserved, 84 * MIB);
+    assert_eq!(native::simulate(&t, &o).unwrap().peak_reserved, 84 * MIB);
     // Nor for a 40 MiB one when it is 20 MiB or more bigger.
     let t = trace(&[S::A(1, 64 * MIB), S::F(1), S::A(2, 40 * MIB)]);
-    assert_eq!(native::simulate(&t, &o).peak_reserved, 104 * MIB);
+    assert_eq!(native::simulate(&t, &o).unwrap().peak_reserved, 104 * MIB);
     // An oversize cached segment is released first when the device is full.
     // (42 MiB: the 64 MiB block is 20 MiB or more bigger, so it is not reused.)
     o.capacity = 100 * MIB;
     let t = trace(&[S::A(1, 64 * MIB), S::F(1), S::A(2, 42 * MIB)]);
-    let r = native::simulate(&t, &o);
+    let r = native::simulate(&t, &o).unwrap();
     assert_eq!(r.oom_event, None);
     assert_eq!(r.alloc_retries, 0, "released before the full flush");
     assert_eq!(r.segments_released, 1);
@@ -258,7 +259,7 @@ fn native_expandable_segments_grow_and_unmap() {
         S::A(3, 6 * MIB),
         S::A(4, 6 * MIB),
     ]);
-    let r = native::simulate(&t, &o);
+    let r = native::simulate(&t, &o).unwrap();
     assert_eq!(r.peak_reserved, 40 * MIB);
     // 12 × 6 MiB fill four chunks (80 MiB); ids 4..=12 freed: one free mapped block [18, 80) MiB.
     o.capacity = 80 * MIB;
@@ -267,7 +268,7 @@ fn native_expandable_segments_grow_and_unmap() {
     // 50 MiB on the same stream fits in the merged free mapped space: nothing new is mapped.
     let mut same = trace(&steps);
     same.events.extend(trace(&[S::A(100, 50 * MIB)]).events);
-    let r = native::simulate(&same, &o);
+    let r = native::simulate(&same, &o).unwrap();
     assert_eq!(
         (r.oom_event, r.peak_reserved, r.segments_released),
         (None, 80 * MIB, 0)
@@ -275,7 +276,7 @@ fn native_expandable_segments_grow_and_unmap() {
     // 40 MiB on another stream: its own segment; the device is full, so the three fully free
     // chunks of stream 0 are unmapped and two are mapped for stream 7.
     steps.push(S::As(100, 40 * MIB, 7));
-    let r = native::simulate(&trace(&steps), &o);
+    let r = native::simulate(&trace(&steps), &o).unwrap();
     assert_eq!(r.oom_event, None, "{r:?}");
     assert_eq!(r.segments_released, 3);
     assert_eq!(r.final_reserved, 20 * MIB + 40 * MIB);
@@ -536,7 +537,7 @@ fn native_settings_come_from_the_snapshot() {
             expandable_segments: true,
             ..NativeOptions::new(80 * GIB)
         };
-        let r = native::simulate(&t, &opts);
+        let r = native::simulate(&t, &opts).unwrap();
         let ratio = r.peak_reserved as f64 / n.peak as f64;
         println!(
             "{name}: recorded {} MiB, emulated {} MiB",
@@ -547,4 +548,252 @@ fn native_settings_come_from_the_snapshot() {
         checked += 1;
     }
     assert_eq!(checked, 4);
+}
+
+// ---- the lab's timing model: driver costs, steps, GPU lag ---------------------------------------
+
+use torch_arena::arena::Arena;
+use torch_arena::device::costs::DriverCosts;
+use torch_arena::device::sim::{SimConfig, SimDevice};
+use torch_arena::device::{Device, DriverCounters};
+use torch_arena::trace::replay::{ArenaPolicy, Timing, run};
+
+fn timed(capacity: u64, repeat: u32, lag_ns: u64) -> ReplayOptions {
+    ReplayOptions {
+        timing: Timing {
+            repeat,
+            gpu_lag_ns: lag_ns,
+            ..Timing::default()
+        },
+        ..opts(capacity, true, false)
+    }
+}
+
+/// A step of a training loop: weights stay, activations come and go on stream 0.
+fn training_step() -> Trace {
+    let mut steps = vec![S::A(1, 300 * MIB), S::A(2, 3 * MIB)];
+    for i in 0..6 {
+        steps.push(S::A(10 + i, (40 + 7 * i) * MIB));
+        steps.push(S::A(20 + i, 100 << 10));
+    }
+    for i in 0..6 {
+        steps.push(S::F(10 + i));
+        steps.push(S::F(20 + i));
+    }
+    trace(&steps)
+}
+
+#[test]
+fn counts_by_kind_are_the_devices_counters_and_priced_by_the_table() {
+    let t = training_step();
+    let o = timed(GIB, 2, 0);
+    let mut p = ArenaPolicy::new(&o, &t).unwrap();
+    let before = p.device().counters();
+    let r = run(&t, &mut p, &o.timing, 0, &mut |_, _| {}).unwrap();
+    let dev = p.device().counters().since(&before);
+    assert_eq!(r.calls, dev);
+    assert_eq!(r.driver_calls, dev.total());
+    assert!(dev.mem_create > 0 && dev.mem_map > 0, "{dev:?}");
+    // The steps add up to the whole run, kind by kind.
+    let mut sum = DriverCounters::default();
+    for s in &r.steps {
+        sum.add(&s.calls);
+    }
+    assert_eq!(sum, r.calls);
+    // Modelled time is Σ count × latency, under the defaults and under an override.
+    let by_hand = |c: &DriverCounters, create_us: f64| {
+        (c.address_reserve as f64 * 19.0
+            + c.mem_create as f64 * create_us
+            + c.mem_map as f64 * 1.45
+            + c.set_access as f64 * 36.0
+            + c.mem_unmap as f64 * 25.6
+            + c.mem_release as f64 * 26.0
+            + c.event_create as f64 * 2.0
+            + c.event_record as f64 * 2.0
+            + c.event_query as f64 * 1.0)
+            / 1e6
+    };
+    assert!((r.modelled_driver_s - by_hand(&r.calls, 193.0)).abs() < 1e-9);
+    let mut o2 = o.clone();
+    o2.timing.costs = DriverCosts::parse("cuMemCreate = 7.6\n", "test").unwrap();
+    let r2 = replay(&t, &o2, &mut |_, _| {}).unwrap();
+    assert_eq!(r2.calls, r.calls);
+    assert!((r2.modelled_driver_s - by_hand(&r2.calls, 7.6)).abs() < 1e-9);
+    assert!(r2.modelled_driver_s < r.modelled_driver_s);
+}
+
+#[test]
+fn repeat_replays_the_freed_part_as_steps_with_equal_peaks() {
+    let t = training_step();
+    let r = replay(&t, &timed(GIB, 3, 0), &mut |_, _| {}).unwrap();
+    assert_eq!(r.steps.len(), 3);
+    let req: Vec<u64> = r.steps.iter().map(|s| s.peak_requested).collect();
+    assert_eq!(req, [req[0]; 3], "{req:?}");
+    assert_eq!(req[0], t.peak_requested());
+    // What stays live (the weights) is allocated once: a warm step needs no new memory.
+    assert_eq!(r.steps[1].peak_reserved, r.steps[2].peak_reserved);
+    assert_eq!(r.steps[2].calls.memory_calls(), 0, "{:?}", r.steps[2]);
+    assert_eq!(r.events, t.events.len() + 2 * (t.events.len() - 2));
+    assert_eq!(r.live_at_end, 2);
+    // The native emulation runs through the same loop, with the same steps.
+    let n = native::simulate_timed(
+        &t,
+        &NativeOptions::new(GIB),
+        &timed(GIB, 3, 0).timing,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let nreq: Vec<u64> = n.steps.iter().map(|s| s.peak_requested).collect();
+    assert_eq!(nreq, req);
+    assert_eq!(n.steps[2].calls.total(), 0);
+}
+
+/// The emulator's driver calls on a hand-made trace, counted by hand.
+#[test]
+fn native_call_counts_match_a_hand_count() {
+    // Without expandable segments: a small segment, a 20 MiB segment, a 30 MiB segment; at
+    // 60 MiB the next 30 MiB does not fit, the OOM path frees the two unsplit cached segments
+    // (cudaFree × 2, one release episode) and retries.
+    let t = trace(&[
+        S::A(1, 4096),
+        S::A(2, 5 * MIB),
+        S::A(3, 30 * MIB),
+        S::F(2),
+        S::F(3),
+        S::A(4, 36 * MIB),
+    ]);
+    let timing = Timing {
+        gpu_lag_ns: 1_000_000,
+        ..Timing::default()
+    };
+    let r =
+        native::simulate_timed(&t, &NativeOptions::new(60 * MIB), &timing, &mut |_, _| {}).unwrap();
+    let c = r.calls;
+    assert_eq!((c.mem_alloc, c.mem_free), (4, 2), "{c:?}");
+    assert_eq!(c.total(), 6);
+    assert_eq!(
+        r.modelled_stall_s, 0.001,
+        "one release episode waits one lag"
+    );
+    assert!((r.modelled_driver_s - (4.0 * 230.0 + 2.0 * 52.0) / 1e6).abs() < 1e-12);
+    // Expandable segments: the large pool grows by 20 MiB handles, one cuMemSetAccess per
+    // growth, one reservation per (stream, pool); an OOM unmaps after a stream synchronisation.
+    let t = trace(&[S::A(1, 30 * MIB), S::A(2, 4096), S::F(1), S::A(3, 50 * MIB)]);
+    let o = NativeOptions {
+        expandable_segments: true,
+        ..NativeOptions::new(100 * MIB)
+    };
+    let r = native::simulate(&t, &o).unwrap();
+    let c = r.calls;
+    // 30 MiB → 2 handles of 20 MiB (one map call); 4 KiB → one 2 MiB small handle; 50 MiB
+    // reuses the 40 MiB mapped and maps 1 more 20 MiB handle.
+    assert_eq!(c.address_reserve, 2, "{c:?}");
+    assert_eq!(c.mem_create, 2 + 1 + 1, "{c:?}");
+    assert_eq!(c.mem_map, c.mem_create);
+    assert_eq!(c.set_access, 3);
+    assert_eq!(
+        (c.mem_unmap, c.mem_release, c.stream_synchronize),
+        (0, 0, 0)
+    );
+}
+
+/// With a GPU lag, a page freed on one stream and needed at once on another is not taken
+/// before the lag: the arena grows or waits (a stall), and the check sees no early reuse.
+#[test]
+fn gpu_lag_delays_cross_stream_reuse() {
+    let t = trace(&[
+        S::As(1, 600 * MIB, 1),
+        S::F(1),
+        S::As(2, 600 * MIB, 2),
+        S::F(2),
+    ]);
+    // Lag 0: the page moves to stream 2 at once.
+    let r0 = replay(&t, &timed(GIB, 1, 0), &mut |_, _| {}).unwrap();
+    assert_eq!(r0.peak_reserved, 600 * MIB);
+    assert_eq!(r0.modelled_stall_s, 0.0);
+    // 5 ms lag, room for both: it grows instead of waiting.
+    let r = replay(&t, &timed(2 * GIB, 1, 5_000_000), &mut |_, _| {}).unwrap();
+    assert!(r.peak_reserved >= 1200 * MIB, "{}", r.peak_reserved);
+    assert_eq!(r.modelled_stall_s, 0.0);
+    // 5 ms lag, no room for both: it takes what is free, then waits for stream 1's work (about
+    // the lag less the event times) to take the rest from stream 1.
+    let r = replay(&t, &timed(GIB, 1, 5_000_000), &mut |_, _| {}).unwrap();
+    assert!(r.oom.is_none());
+    assert!(r.peak_reserved <= GIB);
+    assert!(
+        (0.004..=0.005).contains(&r.modelled_stall_s),
+        "{}",
+        r.modelled_stall_s
+    );
+    let waits = r.calls.device_synchronize + r.calls.stream_synchronize + r.calls.event_synchronize;
+    assert!(waits > 0, "{:?}", r.calls);
+}
+
+/// `--gpu-lag 0` (the default timing) replays exactly as a plain loop of malloc and free over
+/// the arena does, on every shared trace.
+#[test]
+fn zero_lag_is_the_plain_replay_on_every_shared_trace() {
+    let dir = shared_traces::traces_dir();
+    let mut checked = 0;
+    for f in shared_traces::indexed_files(&dir) {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        let t = torch_arena::trace::load(&f).expect(&name);
+        let capacity = 80 * GIB;
+        let o = ReplayOptions {
+            series_points: 0,
+            ..opts(capacity, false, false)
+        };
+        let r = replay(&t, &o, &mut |_, _| {}).unwrap();
+        // The plain loop, as the replayer was before the timing model.
+        let sim =
+            std::sync::Arc::new(SimDevice::new(SimConfig::new(capacity, 2 * MIB, false)).unwrap());
+        let arena = Arena::new(sim.clone(), &Config::default()).unwrap();
+        let before = sim.counters();
+        let mut live = std::collections::HashMap::new();
+        let mut oom = None;
+        for (i, e) in t.events.iter().enumerate() {
+            match e.op {
+                Op::Alloc if e.size == 0 => {}
+                Op::Alloc => match arena.malloc(e.size, e.stream) {
+                    Ok(p) => {
+                        live.insert(e.id, (p, e.size));
+                    }
+                    Err(_) => {
+                        oom = Some(i);
+                        break;
+                    }
+                },
+                Op::Free => {
+                    if let Some((p, s)) = live.remove(&e.id) {
+                        arena.free(p, Some(s), e.stream).unwrap();
+                    }
+                }
+            }
+        }
+        let peak = arena.stats().reserved_bytes.all().peak as u64;
+        assert_eq!(r.peak_reserved, peak, "{name}");
+        assert_eq!(
+            r.driver_calls,
+            sim.counters().since(&before).total(),
+            "{name}"
+        );
+        assert_eq!(r.oom.map(|o| o.event), oom, "{name}");
+        assert_eq!(r.modelled_stall_s, 0.0, "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 100, "{checked} traces");
+}
+
+/// A replay error names the event (and, after the first pass, the step) it happened at.
+#[test]
+fn replay_errors_name_the_event() {
+    let t = trace(&[S::A(1, MIB), S::A(2, MIB), S::A(1, MIB)]);
+    let e = replay(&t, &opts(GIB, false, false), &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("event 2 allocates id 1 again"), "{e}");
+    let e = native::simulate(&t, &NativeOptions::new(GIB))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("event 2"), "{e}");
 }

@@ -30,6 +30,7 @@ fn replay_one(path: &std::path::Path) -> Result<String, String> {
         check: true,
         consistency_every: WALK_EVERY,
         series_points: 0,
+        timing: Default::default(),
     };
     let r = replay::replay(&t, &opts, &mut |_, _| {}).map_err(|e| format!("{name}: {e}"))?;
     if let Some(oom) = &r.oom {

@@ -144,7 +144,7 @@ proptest! {
 // ---- steps, tags, threads --------------------------------------------------------------------
 
 #[test]
-fn steps_start_at_zero_and_tags_nest_across_threads() {
+fn steps_start_at_zero_and_tags_nest_per_thread() {
     let a = arena("");
     let t = a.tracker();
     assert_eq!(t.current_step(), 0);
@@ -153,21 +153,54 @@ fn steps_start_at_zero_and_tags_nest_across_threads() {
     assert!(!t.tag_pop(), "empty stack");
     t.tag_push("outer");
     t.tag_push("inner");
+    // Tags are per thread: another thread's allocation made meanwhile carries its own (none).
     let p1 = std::thread::scope(|s| s.spawn(|| a.malloc(4096, 0, 0).unwrap()).join().unwrap());
+    let p0 = a.malloc(4096, 0, 0).unwrap();
     assert!(t.tag_pop());
     let p2 = a.malloc(4096, 0, 0).unwrap();
     assert!(t.tag_pop());
     let p3 = a.malloc(4096, 0, 0).unwrap();
+    let e0 = t.entry(0, p0).unwrap();
     let e1 = t.entry(0, p1).unwrap();
     let e2 = t.entry(0, p2).unwrap();
     let e3 = t.entry(0, p3).unwrap();
-    assert_eq!(t.tag_name(e1.tag).as_deref(), Some("inner"));
+    assert_eq!(t.tag_name(e0.tag).as_deref(), Some("inner"));
+    assert_eq!(
+        e1.tag, 0,
+        "a tag pushed on one thread does not label another's allocations"
+    );
     assert_eq!(t.tag_name(e2.tag).as_deref(), Some("outer"));
     assert_eq!(e3.tag, 0);
     assert_ne!(e1.thread, e2.thread, "another thread, another number");
     assert_eq!(e2.thread, e3.thread);
     assert!(e1.step == 2 && e2.step == 2);
     assert!(e1.seq < e2.seq && e2.seq < e3.seq);
+    // Two threads inside their own tags at the same time: each allocation has its thread's.
+    let barrier = std::sync::Barrier::new(2);
+    let (pa, pb) = std::thread::scope(|s| {
+        let run = |name: &'static str| {
+            let (a, t, barrier) = (&a, t, &barrier);
+            move || {
+                t.tag_push(name);
+                barrier.wait();
+                let p = a.malloc(4096, 0, 0).unwrap();
+                barrier.wait();
+                assert!(t.tag_pop());
+                p
+            }
+        };
+        let ha = s.spawn(run("thread-a"));
+        let hb = s.spawn(run("thread-b"));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert_eq!(
+        t.tag_name(t.entry(0, pa).unwrap().tag).as_deref(),
+        Some("thread-a")
+    );
+    assert_eq!(
+        t.tag_name(t.entry(0, pb).unwrap().tag).as_deref(),
+        Some("thread-b")
+    );
 }
 
 #[test]

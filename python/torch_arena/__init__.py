@@ -10,8 +10,9 @@ With no code change: ``pip install .`` then ``TORCH_ARENA=1 python train.py`` (s
     print(torch_arena.max_memory_allocated(), torch_arena.defragment())
 
 Leak hunting (``TORCH_ARENA_CONF=leaks:True`` reports at exit): ``step()``, ``tag()``,
-``leak_report()``, ``no_leaks()``, the pytest marker ``gpu_leaks``; ``snapshot()`` and
-``dump_snapshot()`` write PyTorch's memory-snapshot schema (docs/python.md, "Hunting leaks").
+``leak_report()``, ``live_report()``, ``no_leaks()``, the pytest marker ``gpu_leaks``;
+``snapshot()`` and ``dump_snapshot()`` write PyTorch's memory-snapshot schema
+(docs/python.md, "Hunting leaks").
 
 The statistics functions have torch.cuda.memory's names, signatures and keys, and work on the
 simulated device (``TORCH_ARENA_CONF=device:sim``) without a GPU or torch. Importing this package
@@ -21,17 +22,19 @@ use.
 
 from typing import Any
 
+from ._exit import install as _install_exit_report
 from ._native import OutOfMemoryError, configure, library_path
 from ._native import version as _library_version
+from ._oom import install as _install_oom_snapshot
 from .leaks import (
     LeakError,
     current_step,
     leak_report,
+    live_report,
     no_leaks,
     step,
     tag,
 )
-from .leaks import install_exit_report as _install_exit_report
 from .referrers import register_holder_type
 from .snapshots import dump_snapshot, record_memory_history, snapshot
 from .stats import (
@@ -53,8 +56,10 @@ from .stats import (
 
 __version__ = _library_version()
 
-# TORCH_ARENA_CONF=leaks:True: the leak report at exit (enable(conf) checks its own text too).
+# TORCH_ARENA_CONF=leaks:True: the leak report at exit, and a snapshot at out-of-memory (also
+# with TORCH_ARENA_OOM_SNAPSHOT); enable(conf) checks its own text too.
 _install_exit_report()
+_install_oom_snapshot()
 
 # Names served by the torch integration (._torch), imported on first access so that importing
 # torch_arena does not import torch.
@@ -76,6 +81,7 @@ __all__ = [
     "is_enabled",
     "leak_report",
     "library_path",
+    "live_report",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",

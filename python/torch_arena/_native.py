@@ -243,10 +243,30 @@ def clear_last_error() -> None:
     _lib.torch_arena_clear_last_error()
 
 
+# Called with the OOM message when a request fails as out of memory; returns a line to append
+# to the message (the snapshot it wrote), or "". Set by torch_arena._oom (set_oom_hook).
+_oom_hook: Callable[[str], str] | None = None
+
+
+def set_oom_hook(hook: Callable[[str], str] | None) -> None:
+    """Call ``hook(message)`` on every out-of-memory error raised from here; what it returns is
+    appended to the message (a line naming the snapshot it wrote)."""
+    global _oom_hook
+    _oom_hook = hook
+
+
 def _error(code: int, call: str) -> Exception:
     """The exception for status ``code`` of ``call``, with the library's message."""
     msg = last_error() or f"{call} failed with status {code}"
     if code == ERR_OOM:
+        hook = _oom_hook
+        if hook is not None:
+            try:
+                extra = hook(msg)
+            except Exception:  # never hide the OOM behind a failed dump
+                extra = ""
+            if extra:
+                msg = f"{msg}\n{extra}"
         return OutOfMemoryError(msg)
     if code in _VALUE_ERRORS:
         return ValueError(msg)
@@ -324,6 +344,11 @@ def try_malloc(size: int, device: int, stream: int = 0) -> int:
     """Allocate ``size`` bytes on ``device`` for ``stream`` (a cudaStream_t as an int, 0 = the
     default stream); the pointer as an int (0 for size 0). OutOfMemoryError when the request
     cannot be met; ValueError for a bad configuration or device."""
+    # ctypes keeps only the low bits of a too-large int: refuse rather than truncate.
+    if not 0 <= size < 2**64:
+        raise OverflowError(f"size {size} does not fit in a size_t: a request is 0 to 2**64 - 1")
+    if not 0 <= device < 2**31:
+        raise ValueError(f"device index {device} is out of range (0 to 2**31 - 1)")
     out = _c_ptr()
     code = _lib.torch_arena_try_malloc(size, device, stream or None, ctypes.byref(out))
     if code == OK:

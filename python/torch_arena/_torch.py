@@ -481,11 +481,18 @@ def _enable_locked(conf: str | None) -> None:
         _global.originals.setdefault((module_name, name), getattr(module, name, None))
         setattr(module, name, replacement)
     _global.enabled = True
+    from . import stats
+
+    stats.answer_as_pytorch_before_cuda()
     _watch_cudnn_benchmark(torch)
     _global.step_hook = _register_step_hook(torch)
-    from .leaks import install_exit_report
+    from . import _exit
 
-    install_exit_report(text)
+    _exit.set_devices(_cuda_devices)
+    _exit.install(text)
+    from . import _oom
+
+    _oom.install(text)
     _log.info(
         "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
         _rank_text(),
@@ -493,6 +500,15 @@ def _enable_locked(conf: str | None) -> None:
         text,
         ", ".join(hooks) or "none",
     )
+
+
+def _cuda_devices() -> list[int]:
+    """The devices torch-arena served (none when CUDA never initialised)."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return []  # no CUDA memory was ever allocated
+    return list(range(torch.cuda.device_count()))
 
 
 def _step_after_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -51,7 +51,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def _marker_args(marker: Any) -> tuple[int, int]:
-    from .leaks import parse_size
+    from ._sizes import parse_size
 
     if marker.args:
         raise pytest.UsageError(
@@ -75,16 +75,13 @@ def _marker_args(marker: Any) -> tuple[int, int]:
 
 def inactive_reason() -> str | None:
     """Why the marker cannot check anything in this process, or None when it can."""
-    import torch_arena
-
-    from . import _native
-    from .leaks import _conf
+    from . import _capture, _native, _torch
 
     if not _native.has_track():
         return "this torch-arena library has no tracking exports"
-    if "torch" in sys.modules and torch_arena.is_enabled():
+    if "torch" in sys.modules and _torch.is_enabled():
         return None
-    if _conf().get("device") == "sim":
+    if _capture.conf().get("device") == "sim":
         return None
     return (
         "torch-arena is not the CUDA allocator in this process (set TORCH_ARENA=1, or call "
@@ -93,26 +90,20 @@ def inactive_reason() -> str | None:
 
 
 def _measured(fn: Any, limit: int, warmups: int, device: int) -> Any:
-    from . import _native
-    from .leaks import LeakError, _sites_on, left_live, render
+    from . import _capture, _verdict
+    from .leaks import _max_live_seq
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # the failure is the report, not this wrapper
         for _ in range(warmups):
             fn(*args, **kwargs)
-        with _sites_on():
+        with _capture.capture_on():
             gc.collect()
-            seq0 = max(
-                (a.get("seq", 0) for a in _native.live_json(device).get("allocations", ())),
-                default=0,
-            )
+            seq0 = _max_live_seq(device)
             result = fn(*args, **kwargs)
-            report = left_live(device, seq0, limit)
-        if report["over"]:
-            over = set(report["over"])
-            report["growing"] = [g for g in report["growing"] if g["site"] in over]
-            raise LeakError(render(report), report)
+            report = _verdict.left_live(device, seq0, limit)
+        _verdict.check_left_live(report)
         return result
 
     return run

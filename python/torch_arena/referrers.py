@@ -5,15 +5,19 @@ Owners are found by a walk over the objects the garbage collector tracks:
 
 * ``torch.Tensor`` -- its storage's ``data_ptr()``, only if torch is already imported (this
   module never imports it) and the tensor is on a CUDA device;
-* :class:`torch_arena.testing.DeviceBuffer`;
 * any type given to :func:`register_holder_type` with a function returning its device pointers.
 
-Then ``gc.get_referrers`` climbs from the owners, breadth first, one pass over the heap per
-level, until each owner reaches a root. Everything is bounded (owners per call, objects per
+(:class:`torch_arena.testing.DeviceBuffer` registers itself that way.) Then
+``gc.get_referrers`` climbs from the owners, breadth first, one pass over the heap per
+level, until each owner reaches a root. Containers are named the way code reaches into them:
+lists, tuples and deques by index, dicts (OrderedDict, defaultdict, any dict subclass) by key,
+sets by membership (``{...}``), objects by attribute through ``__dict__`` or ``__slots__``,
+closures by free variable. Everything is bounded (owners per call, objects per
 level, depth) and every look at a foreign object is guarded, so an exotic object costs a missing
 holder, never an exception.
 """
 
+import collections
 import gc
 import os
 import sys
@@ -45,10 +49,6 @@ def register_holder_type(cls: type, pointers: Callable[[Any], Iterable[int]]) ->
     _resolved.clear()
 
 
-def _device_buffer_pointers(obj: Any) -> Iterable[int]:
-    return (obj.ptr,) if obj.ptr else ()
-
-
 def _tensor_pointers(obj: Any) -> Iterable[int]:
     if not obj.is_cuda:
         return ()
@@ -75,12 +75,6 @@ def _pointer_function(tp: type) -> Callable[[Any], Iterable[int]] | None:
         fn = None
     _resolved[tp] = fn
     return fn
-
-
-def _register_defaults() -> None:
-    from .testing import DeviceBuffer
-
-    _HOLDER_TYPES.setdefault(DeviceBuffer, _device_buffer_pointers)
 
 
 def _owners(ptrs: set[int], limit: int) -> dict[int, list[Any]]:
@@ -122,9 +116,13 @@ def _frame_where(frame: types.FrameType) -> str:
     return f"{code.co_name}() at {_short(code.co_filename)}:{frame.f_lineno}"
 
 
+_SEQUENCES = (list, tuple, collections.deque)
+_CONTAINERS = (list, tuple, collections.deque, dict, set, frozenset)
+
+
 def _describe(obj: Any) -> str:
     try:
-        if isinstance(obj, (list, tuple, dict, set, frozenset)):
+        if isinstance(obj, _CONTAINERS):
             return f"{type(obj).__name__} of {len(obj)}"
         if isinstance(obj, types.FunctionType):
             return f"function {obj.__qualname__}"
@@ -137,8 +135,8 @@ def _edge(parent: Any, child: Any) -> str | None:
     """How ``parent`` refers to ``child``, as an accessor (``[3]``, ``['k']``, ``.attr``), or
     None when it cannot be named."""
     try:
-        if isinstance(parent, (list, tuple)):
-            for i, item in enumerate(parent):
+        if isinstance(parent, _SEQUENCES):
+            for i, item in enumerate(list(parent)):
                 if item is child:
                     return f"[{i}]"
             return None
@@ -150,7 +148,7 @@ def _edge(parent: Any, child: Any) -> str | None:
                     return f"(key {key!r})"
             return None
         if isinstance(parent, (set, frozenset)):
-            return "{...}"
+            return "{...}" if any(item is child for item in list(parent)) else None
         if isinstance(parent, types.CellType):
             return "" if parent.cell_contents is child else None
         if isinstance(parent, types.FunctionType):
@@ -250,8 +248,12 @@ class _Walk:
             pending = {i for i in ids if i not in roots}
             if not pending:
                 break
+            # Passed as one tuple (CPython hands it to the call as is), so the argument tuple
+            # is known by identity: a user's tuple of exactly the pending objects is not it.
+            args = tuple(o for o in frontier if id(o) in pending)
+            self.ignore.add(id(args))
             try:
-                referrers = gc.get_referrers(*[o for o in frontier if id(o) in pending])
+                referrers = gc.get_referrers(*args)
             except Exception:
                 referrers = []
             next_frontier: list[Any] = []
@@ -260,9 +262,6 @@ class _Walk:
                 rid = id(ref)
                 if rid in self.ignore or (isinstance(ref, types.FrameType) and _is_ours(ref)):
                     continue
-                if type(ref) is tuple and len(ref) == len(pending):
-                    if all(id(x) in pending for x in ref):  # get_referrers' argument tuple
-                        continue
                 if rid in self.modules:
                     self._module_roots(ref, self.modules[rid], pending, roots)
                     continue
@@ -336,10 +335,10 @@ def _path_to_root(owner: Any, up: dict[int, list[Any]], roots: dict[int, str]) -
 def _children(parent: Any, ids: set[int], seen: dict[int, Any]) -> list[int]:
     """The ids of ``ids`` (objects in ``seen``) that ``parent`` refers to by a nameable edge."""
     try:
-        if isinstance(parent, (list, tuple)):
-            return [id(x) for x in parent if id(x) in ids]
+        if isinstance(parent, (*_SEQUENCES, set, frozenset)):
+            return [id(x) for x in list(parent) if id(x) in ids]
         if isinstance(parent, dict):
-            return [id(v) for v in parent.values() if id(v) in ids]
+            return [id(v) for v in list(parent.values()) if id(v) in ids]
     except Exception:
         return []
     return [i for i in ids if _edge(parent, seen[i]) is not None]
@@ -353,7 +352,6 @@ def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int,
     train.py:40``), ``chain`` lists the objects from the owner up. An owner reachable from no
     root within the limits gets ``expr`` None. Never raises."""
     try:
-        _register_defaults()
         wanted = {int(p) for p in ptrs}
         if not wanted:
             return {}

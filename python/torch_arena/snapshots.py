@@ -15,7 +15,7 @@ import pickle
 import sys
 from typing import Any
 
-from . import _native
+from . import _capture, _native
 from .stats import _device_index
 
 __all__ = ["dump_snapshot", "memory_snapshot", "record_memory_history", "snapshot"]
@@ -171,8 +171,6 @@ def record_memory_history(
     native); ``None`` leaves site capture as configured. ``enabled="state"`` records no trace
     (snapshots always show the live state). The legacy form ``(True/False, ...)`` is accepted.
     Every device shares one ring setting."""
-    from . import leaks
-
     if isinstance(enabled, bool):  # legacy signature: _record_memory_history(True, ...)
         enabled = "all" if enabled else None
     if enabled not in (None, "state", "all"):
@@ -187,9 +185,6 @@ def record_memory_history(
     else:
         _native.history_enable(False, 0)
     if enabled is not None and context is not None:
-        mode = "python" if stacks == "python" else "all"
-        _native.set_sites(mode, 1, 0)
-        leaks._sites_now = (mode, 1, 0)
-    elif enabled is None and leaks._sites_now is not None:
-        _native.set_sites(*leaks.configured_sites())
-        leaks._sites_now = None
+        _capture.set_capture("python" if stacks == "python" else "all", 1, 0)
+    elif enabled is None:
+        _capture.restore()

@@ -73,8 +73,28 @@ def current_device() -> int:
     return int(cuda.current_device()) if cuda is not None else 0
 
 
+# Device ordinals are C ints in the library's exports; ctypes would wrap anything larger
+# (2**32 became device 0).
+MAX_DEVICE_INDEX = 2**31 - 1
+# Sizes and pointers are size_t / void* (64 bits): ctypes would keep only the low bits
+# (2**64 + 4096 became a 4 KiB request).
+SIZE_LIMIT = 2**64
+
+
 def _device_index(device: Any) -> int:
-    """A CUDA ordinal from None, an int, a ``torch.device`` or a string like ``"cuda:1"``."""
+    """A CUDA ordinal from None, an int, a ``torch.device`` or a string like ``"cuda:1"``.
+    ValueError for a negative ordinal or one beyond a C int (whether the device exists is the
+    library's to say)."""
+    index = _device_ordinal(device)
+    if not 0 <= index <= MAX_DEVICE_INDEX:
+        raise ValueError(
+            f"device index {index} is out of range: a CUDA device index is an int from 0 "
+            f"to {MAX_DEVICE_INDEX} (got {device!r})"
+        )
+    return index
+
+
+def _device_ordinal(device: Any) -> int:
     if device is None:
         return current_device()
     if isinstance(device, bool):
@@ -103,11 +123,39 @@ def _device_index(device: Any) -> int:
 # ---------------------------------------------------------------------------------------------
 # Statistics.
 
+# Set once torch-arena is PyTorch's allocator (global mode): until CUDA initialises, nothing
+# was allocated through torch, and PyTorch's own functions return 0 / an empty dict then.
+_pytorch_before_cuda = False
+
+
+def answer_as_pytorch_before_cuda() -> None:
+    """From now on, answer as PyTorch does while CUDA is not initialised (0, an empty dict)
+    instead of opening the device: without a driver the library cannot, and would raise and
+    log an error on every call. The simulated device still answers (tests allocate there
+    without CUDA). Called by ``enable()``."""
+    global _pytorch_before_cuda
+    _pytorch_before_cuda = True
+
+
+def _before_cuda() -> bool:
+    if not _pytorch_before_cuda:
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return False
+    except Exception:
+        pass
+    return _native.conf_items(_native.installed_conf()).get("device", "cuda") != "sim"
+
 
 @_public
 def memory_stats(device: Any = None) -> "OrderedDict[str, int]":
     """The memory statistics of ``device`` as ``torch.cuda.memory_stats()`` returns them: an
-    OrderedDict of 122 keys such as ``"allocated_bytes.all.current"``, sorted."""
+    OrderedDict of 122 keys such as ``"allocated_bytes.all.current"``, sorted. Empty while
+    torch-arena is PyTorch's allocator and CUDA is not initialised yet, as PyTorch's."""
+    if _before_cuda():
+        return OrderedDict()
     values = _native.stats(_device_index(device))
     return OrderedDict(zip(_native.stats_keys(), values, strict=True))
 
@@ -129,25 +177,25 @@ def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
 @_public
 def memory_allocated(device: Any = None) -> int:
     """Bytes held by live tensors on ``device`` (block sizes, as torch counts them)."""
-    return memory_stats(device)["allocated_bytes.all.current"]
+    return memory_stats(device).get("allocated_bytes.all.current", 0)
 
 
 @_public
 def max_memory_allocated(device: Any = None) -> int:
     """Peak of :func:`memory_allocated` since the start or the last peak reset."""
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return memory_stats(device).get("allocated_bytes.all.peak", 0)
 
 
 @_public
 def memory_reserved(device: Any = None) -> int:
     """Bytes of device memory the allocator holds on ``device`` (physical pages)."""
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return memory_stats(device).get("reserved_bytes.all.current", 0)
 
 
 @_public
 def max_memory_reserved(device: Any = None) -> int:
     """Peak of :func:`memory_reserved` since the start or the last peak reset."""
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return memory_stats(device).get("reserved_bytes.all.peak", 0)
 
 
 @_public
@@ -219,14 +267,14 @@ def _stream_handle(stream: Any, device: int) -> int:
         return int(cuda.current_stream(device).cuda_stream) if cuda is not None else 0
     if isinstance(stream, bool):
         raise TypeError(f"stream must be None, an int or a CUDA stream, not {stream!r}")
-    if isinstance(stream, int):
-        return stream
-    handle = getattr(stream, "cuda_stream", None)
+    handle: Any = stream if isinstance(stream, int) else getattr(stream, "cuda_stream", None)
     if handle is None:
         handle = getattr(stream, "_as_parameter_", None)
         if isinstance(handle, ctypes.c_void_p):
             handle = handle.value or 0
     if isinstance(handle, int) and not isinstance(handle, bool):
+        if not 0 <= handle < SIZE_LIMIT:
+            raise ValueError(f"a stream handle is a cudaStream_t in [0, 2**64), not {handle}")
         return handle
     raise TypeError(
         "stream must be None, an int, a torch.cuda.Stream or an object with ._as_parameter_, "
@@ -242,6 +290,10 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     request cannot be met."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"size must be a non-negative int, not {size!r}")
+    if size >= SIZE_LIMIT:
+        raise OverflowError(
+            f"size {size} does not fit in a size_t: a request is at most 2**64 - 1 bytes"
+        )
     index = _device_index(device)
     handle = _stream_handle(stream, index)
     ptr = _native.try_malloc(size, index, handle)

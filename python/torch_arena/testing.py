@@ -9,6 +9,7 @@ so leak-hunting code and tests can be exercised on a CPU-only machine.
 from typing import Any
 
 from . import _native
+from .referrers import register_holder_type
 from .stats import _device_index
 
 __all__ = ["DeviceBuffer"]
@@ -42,3 +43,7 @@ class DeviceBuffer:
 
     def __repr__(self) -> str:
         return f"DeviceBuffer(size={self.size}, device={self.device}, ptr={self.ptr:#x})"
+
+
+# The leak tools find DeviceBuffers as holders, exactly as they find tensors.
+register_holder_type(DeviceBuffer, lambda obj: (obj.ptr,) if obj.ptr else ())

@@ -11,9 +11,9 @@ impl Inner {
     /// Pages mapped under slabs count as small-pool segments, all others as large: a page moving
     /// between them moves between the pools, but the device-wide totals (`all`) are unchanged, so
     /// one page created counts as one segment allocated however often it moves.
-    pub(super) fn move_reserved(&mut self, from: Pool, to: Pool, pages: u64) {
+    pub(super) fn move_reserved(&mut self, from: Pool, to: Pool, pages: u64, handles: u64) {
         let bytes = (pages * self.page) as i64;
-        self.stats.segment.transfer(from, to, pages as i64);
+        self.stats.segment.transfer(from, to, handles as i64);
         self.stats.reserved_bytes.transfer(from, to, bytes);
     }
 
@@ -69,7 +69,7 @@ impl Inner {
                 page_size: self.page,
                 in_use: self.in_use_pages[1] + self.in_use_pages[2],
                 idle_mapped: self.idle_len + plain_idle,
-                pooled: self.pool.len() as u64,
+                pooled: self.pooled_pages,
             },
             driver: self.dev.counters(),
             bad_frees: self.bad_frees,

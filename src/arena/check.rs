@@ -38,11 +38,9 @@ impl Inner {
                 if want > 0 && !r.plain && slot.phys.is_none() {
                     return Err(format!("region {ri} page {pi} is used but not mapped"));
                 }
-                let pinned = self.streams[r.stream as usize].pinned;
-                let idle = !r.plain && want == 0 && slot.phys.is_some() && !pinned;
-                if idle != (slot.idle_stamp != 0) {
-                    return Err(format!("region {ri} page {pi}: idle list out of step"));
-                }
+            }
+            if !r.plain {
+                self.check_handles(ri)?;
             }
         }
         for b in self.large.values().filter(|b| !b.pending) {
@@ -80,7 +78,7 @@ impl Inner {
         }
         // The idle list: linked both ways, stamps rising from head to tail, length as counted,
         // and holding exactly the pages marked idle (checked page by page above).
-        let mut n = 0u64;
+        let (mut n, mut idle_pages) = (0u64, 0u64);
         for (si, st) in self.streams.iter().enumerate() {
             let (mut at, mut prev, mut last) = (st.idle_head, PageRef::NONE, 0u64);
             while at != PageRef::NONE {
@@ -92,6 +90,7 @@ impl Inner {
                     return Err(format!("stream {si}'s idle list broken at {at:?}"));
                 }
                 (prev, last, n) = (at, slot.idle_stamp, n + 1);
+                idle_pages += slot.hlen as u64;
                 at = slot.idle_next;
             }
             if prev != st.idle_tail {
@@ -105,10 +104,22 @@ impl Inner {
             .flat_map(|r| &r.pages)
             .filter(|s| s.idle_stamp != 0)
             .count() as u64;
-        if n != self.idle_len || n != marked {
+        if idle_pages != self.idle_len || n != marked {
             return Err(format!(
-                "idle list holds {n} pages, counts {}, {marked} pages are marked idle",
+                "idle lists hold {n} handles of {idle_pages} pages, {} pages counted, {marked} \
+                 handles marked idle",
                 self.idle_len
+            ));
+        }
+        let pooled: u64 = self
+            .pool
+            .iter()
+            .map(|(&k, list)| k as u64 * list.len() as u64)
+            .sum();
+        if pooled != self.pooled_pages || self.pool.values().any(|l| l.is_empty()) {
+            return Err(format!(
+                "the pool holds {pooled} pages, {} counted",
+                self.pooled_pages
             ));
         }
         let partial = self
@@ -138,7 +149,7 @@ impl Inner {
             .filter(|r| r.live && r.plain)
             .map(|r| r.len)
             .sum();
-        let held = (mapped + self.pool.len() as u64) * self.page + plain;
+        let held = (mapped + self.pooled_pages) * self.page + plain;
         if self.reserved() != held {
             return Err(format!(
                 "reserved_bytes {} but {} bytes of pages are held",
@@ -195,6 +206,64 @@ impl Inner {
                     r.stream
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The handles mapped in region `ri` tile its mapped pages: each starts at a head page whose
+    /// length covers pages naming the same handle with rising indices; a head's busy count is
+    /// its pages in use; a handle is marked idle exactly when none of its pages is in use.
+    fn check_handles(&self, ri: usize) -> std::result::Result<(), String> {
+        let pages = &self.regions[ri].pages;
+        let mut p = 0;
+        while p < pages.len() {
+            let head = &pages[p];
+            let Some(h) = head.phys else {
+                if head.hlen != 0 || head.idle_stamp != 0 || head.busy != 0 {
+                    return Err(format!(
+                        "region {ri} page {p}: unmapped but marked as a handle"
+                    ));
+                }
+                p += 1;
+                continue;
+            };
+            let k = head.hlen as usize;
+            if k == 0 || head.hoff != 0 || p + k > pages.len() {
+                return Err(format!(
+                    "region {ri} page {p}: mapped, but not the head of a handle (hlen {k}, hoff {})",
+                    head.hoff
+                ));
+            }
+            let mut busy = 0;
+            for (i, slot) in pages[p..p + k].iter().enumerate() {
+                if slot.phys != Some(h) || slot.hoff as usize != i {
+                    return Err(format!(
+                        "region {ri} page {}: not page {i} of the handle at page {p}",
+                        p + i
+                    ));
+                }
+                if i > 0 && (slot.hlen != 0 || slot.idle_stamp != 0) {
+                    return Err(format!(
+                        "region {ri} page {}: inside a handle, marked as a head",
+                        p + i
+                    ));
+                }
+                busy += (slot.users > 0) as u16;
+            }
+            if head.busy != busy {
+                return Err(format!(
+                    "region {ri} handle at page {p}: busy {} but {busy} pages in use",
+                    head.busy
+                ));
+            }
+            // A pinned pool's unused handles stay off the idle list (pool.rs).
+            let pinned = self.streams[self.regions[ri].stream as usize].pinned;
+            if (busy == 0 && !pinned) != (head.idle_stamp != 0) {
+                return Err(format!(
+                    "region {ri} handle at page {p}: idle list out of step"
+                ));
+            }
+            p += k;
         }
         Ok(())
     }

@@ -56,12 +56,15 @@ impl Inner {
         }
         // Pages created for this request and left in the pool go back: a failed request holds
         // nothing it took for itself.
-        let mine = (self.stats.num_device_alloc - created).max(0) as usize;
-        for _ in 0..mine.min(self.pool.len()) {
-            let (page, _) = self.pool.pop().expect("counted");
-            if self.release_page(page).is_err() {
+        let mut mine = (self.stats.num_device_alloc - created).max(0);
+        while mine > 0 {
+            let Some((h, k)) = self.pool_take(u32::MAX) else {
+                break;
+            };
+            if self.release_handle(h, k).is_err() {
                 break;
             }
+            mine -= 1;
         }
         Err(self.out_of_memory(size))
     }
@@ -149,16 +152,16 @@ impl Inner {
             .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
             .map(|(h, _)| h)
         {
-            let page = self.unmap_idle(at)?;
-            self.pool.push((page, Instant::now()));
-            report.pages_unmapped += 1;
-            report.bytes_recovered += self.page;
+            let (h, k) = self.unmap_idle(at)?;
+            self.pool_put(h, k, Instant::now());
+            report.pages_unmapped += k as u64;
+            report.bytes_recovered += k as u64 * self.page;
         }
         if release {
-            while let Some((page, _)) = self.pool.pop() {
-                self.release_page(page)?;
-                report.pages_released += 1;
-                report.bytes_released += self.page;
+            while let Some((h, k)) = self.pool_take(u32::MAX) {
+                self.release_handle(h, k)?;
+                report.pages_released += k as u64;
+                report.bytes_released += k as u64 * self.page;
             }
             for id in 0..self.regions.len() as u32 {
                 let r = &self.regions[id as usize];
@@ -177,17 +180,17 @@ impl Inner {
         Ok(report)
     }
 
-    /// Give a pooled page back to the driver. If the driver refuses, the page stays in the pool
-    /// (still counted as reserved) so a later trim can try again.
-    pub(super) fn release_page(&mut self, page: PageHandle) -> Result<()> {
-        if let Err(e) = self.dev.release_page(page) {
-            self.pool.push((page, Instant::now()));
+    /// Give an unmapped handle of `k` pages back to the driver. If the driver refuses, it goes
+    /// to the pool (still counted as reserved) so a later trim can try again.
+    pub(super) fn release_handle(&mut self, h: PageHandle, k: u32) -> Result<()> {
+        if let Err(e) = self.dev.release_page(h) {
+            self.pool_put(h, k, Instant::now());
             return Err(e.into());
         }
         self.stats.segment.decrease(Pool::Large, 1);
         self.stats
             .reserved_bytes
-            .decrease(Pool::Large, self.page as i64);
+            .decrease(Pool::Large, (k as u64 * self.page) as i64);
         self.stats.num_device_free += 1;
         Ok(())
     }
@@ -220,8 +223,8 @@ impl Inner {
     /// segments.
     pub(super) fn trim_to_limit(&mut self) -> Result<()> {
         while self.reserved() > self.limit {
-            if let Some((page, _)) = self.pool.pop() {
-                self.release_page(page)?;
+            if let Some((h, k)) = self.pool_take(u32::MAX) {
+                self.release_handle(h, k)?;
                 continue;
             }
             let idle = (0..self.streams.len() as u32)
@@ -231,8 +234,8 @@ impl Inner {
                 if !self.stream_done_with(s, self.slot(at).idle_stamp, true)? {
                     break; // a stream being captured (pool.rs): nothing proves it done
                 }
-                let page = self.unmap_idle(at)?;
-                self.release_page(page)?;
+                let (h, k) = self.unmap_idle(at)?;
+                self.release_handle(h, k)?;
                 continue;
             }
             let empty = (0..self.regions.len() as u32).find(|&id| {
@@ -278,19 +281,30 @@ impl Inner {
                 ) {
                     break;
                 }
-                let Ok(page) = self.unmap_idle(at) else { break };
-                // A refused release keeps the page in the pool.
-                let _ = self.release_page(page);
+                let Ok((h, k)) = self.unmap_idle(at) else {
+                    break;
+                };
+                // A refused release keeps the handle in the pool.
+                let _ = self.release_handle(h, k);
             }
         }
-        let (old, keep): (Vec<_>, Vec<_>) = self
-            .pool
-            .drain(..)
-            .partition(|(_, t)| now.duration_since(*t) >= after);
-        self.pool = keep;
-        for (page, _) in old {
-            // A refused release keeps the page in the pool.
-            let _ = self.release_page(page);
+        let mut old = Vec::new();
+        for (&k, list) in self.pool.iter_mut() {
+            list.retain(|&(h, t)| {
+                let stale = now.duration_since(t) >= after;
+                if stale {
+                    old.push((h, k));
+                }
+                !stale
+            });
+        }
+        self.pool.retain(|_, list| !list.is_empty());
+        for &(_, k) in &old {
+            self.pooled_pages -= k as u64;
+        }
+        for (h, k) in old {
+            // A refused release keeps the handle in the pool.
+            let _ = self.release_handle(h, k);
         }
     }
 
@@ -303,7 +317,7 @@ impl Inner {
         let reserved = s.reserved_bytes.all().current as u64;
         let allocated = s.allocated_bytes.all().current as u64;
         let idle = self.idle_len * self.page;
-        let pooled = self.pool.len() as u64 * self.page;
+        let pooled = self.pooled_pages * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
         let allowed = if self.fraction < 1.0 {
             format!(

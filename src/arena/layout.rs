@@ -187,7 +187,7 @@ impl Inner {
         Layout {
             reserved: self.reserved(),
             allocated: self.stats.allocated_bytes.all().current as u64,
-            pooled: self.pool.len() as u64 * self.page,
+            pooled: self.pooled_pages * self.page,
             segments,
         }
     }

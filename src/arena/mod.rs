@@ -87,6 +87,10 @@ const NO_SLAB: u32 = u32::MAX;
 /// to the pool, their reservations and page tables are given back).
 const STREAMS_KEPT: usize = 16;
 const STREAM_IDLE_REQUESTS: u64 = 256;
+/// Idle handles passed over per stream when looking for one small enough to stitch (a bound on
+/// the work of one miss; the list is oldest first, so the search stops at the first the GPU may
+/// still use anyway).
+const IDLE_SCAN: u32 = 64;
 
 /// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
 /// cache misses.
@@ -125,16 +129,28 @@ struct Region {
     live: bool,
 }
 
+/// One page of a region's address space. Physical memory comes in *handles* of one or more
+/// pages (one cuMemCreate each), mapped whole at consecutive pages (cuMemMap maps a handle from
+/// offset 0 only, and cuMemUnmap takes whole mappings): every page of a mapped handle names it,
+/// with its index in it, and the handle's first page (its *head*) holds what concerns the handle
+/// as a whole — its length, how many of its pages are in use, and its place on the idle list.
 #[derive(Clone, Copy, Debug)]
 struct PageSlot {
-    /// The physical page mapped here (VMM only).
+    /// The physical handle mapped over this page (VMM only).
     phys: Option<PageHandle>,
+    /// This page's index in its handle (0 on the head page).
+    hoff: u16,
+    /// On a head page: the pages of its handle (0 elsewhere, and when unmapped).
+    hlen: u16,
+    /// On a head page: pages of its handle with at least one user. The handle is idle (on its
+    /// stream's idle list) exactly when this is 0.
+    busy: u16,
     /// Live blocks or slabs touching this page.
     users: u32,
     /// Bytes of live large blocks inside this page.
     covered: u64,
-    /// While the page is mapped and unused: when it went idle, as a sequence number (0 = not
-    /// idle). Its stream's fence must have passed this stamp before the page moves.
+    /// On the head of a mapped, unused handle: when it went idle, as a sequence number (0 = not
+    /// idle). Its stream's fence must have passed this stamp before the handle moves.
     idle_stamp: u64,
     /// Nanoseconds since the arena started when it went idle (tracked only with
     /// `release_idle_ms`).
@@ -163,6 +179,9 @@ impl Default for PageSlot {
     fn default() -> Self {
         PageSlot {
             phys: None,
+            hoff: 0,
+            hlen: 0,
+            busy: 0,
             users: 0,
             covered: 0,
             idle_stamp: 0,
@@ -343,11 +362,15 @@ struct Inner {
     pending: VecDeque<Pending>,
     pending_ptrs: IntMap<u64, ()>,
     spare_events: Vec<EventHandle>,
-    /// Physical pages created and mapped nowhere, with the time they became free.
-    pool: Vec<(PageHandle, Instant)>,
-    /// Mapped pages with no user, oldest first.
-    /// Pages on all streams' idle lists.
+    /// Physical handles created and mapped nowhere, by their length in pages, with the time each
+    /// became free.
+    pool: BTreeMap<u32, Vec<(PageHandle, Instant)>>,
+    /// Pages in `pool`.
+    pooled_pages: u64,
+    /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
+    /// Pages per physical handle created for large blocks (`handle_mb` over the page size).
+    handle_pages: u32,
     /// When the arena started: the origin of `PageSlot::idle_since`.
     epoch: Instant,
     seq: u64,
@@ -414,8 +437,11 @@ impl Arena {
             pending: VecDeque::new(),
             pending_ptrs: IntMap::default(),
             spare_events: Vec::new(),
-            pool: Vec::new(),
+            pool: BTreeMap::new(),
+            pooled_pages: 0,
             idle_len: 0,
+            // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16.
+            handle_pages: ((conf.handle_mb << 20) / page).clamp(1, u16::MAX as u64) as u32,
             epoch: now,
             seq: 0,
             stats: DeviceStats::new(),

@@ -109,10 +109,11 @@ impl Inner {
         }
     }
 
-    /// Map a physical page under every page of `first..first+n` of `region` that has none. The
-    /// pages are already counted as used, so reclaiming cannot pick them. On failure every page
-    /// mapped here is unmapped again (one the driver refuses to unmap stays mapped, and goes idle
-    /// when its users are uncounted).
+    /// Map physical memory under every page of `first..first+n` of `region` that has none: each
+    /// maximal run of unmapped pages gets handles that tile it exactly (one cuMemMap each) and one
+    /// cuMemSetAccess. The pages are already counted as used, so reclaiming cannot pick them. On
+    /// failure every handle mapped here is unmapped again and pooled (one the driver refuses to
+    /// unmap stays mapped, and goes idle when its users are uncounted).
     pub(super) fn back_pages(
         &mut self,
         region: u32,
@@ -123,145 +124,264 @@ impl Inner {
         if self.regions[region as usize].plain {
             return Ok(());
         }
-        let missing: Vec<u32> = (first..first + n)
-            .filter(|&p| {
-                self.regions[region as usize].pages[p as usize]
+        let mut p = first;
+        while p < first + n {
+            if self.regions[region as usize].pages[p as usize]
+                .phys
+                .is_some()
+            {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p < first + n
+                && self.regions[region as usize].pages[p as usize]
                     .phys
                     .is_none()
-            })
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let owner = self.regions[region as usize].stream;
-        let pages = self.acquire(missing.len(), anywhere, owner)?;
-        let pool = self.regions[region as usize].pool;
-        let base = self.regions[region as usize].base;
-        for (i, (&p, &phys)) in missing.iter().zip(&pages).enumerate() {
-            if let Err(e) = self.dev.map(base + p as u64 * self.page, self.page, phys) {
-                let now = Instant::now();
-                for &q in &missing[..i] {
-                    if self
-                        .dev
-                        .unmap(base + q as u64 * self.page, self.page)
-                        .is_ok()
-                    {
-                        let slot = &mut self.regions[region as usize].pages[q as usize];
-                        let page = slot.phys.take().expect("mapped just now");
-                        self.pool.push((page, now));
-                        if pool == Pool::Small {
-                            self.move_reserved(Pool::Small, Pool::Large, 1);
-                        }
-                    }
-                }
-                self.pool.extend(pages[i..].iter().map(|&h| (h, now)));
-                return Err(Miss::Device(e));
+            {
+                p += 1;
             }
-            self.regions[region as usize].pages[p as usize].phys = Some(phys);
-            if pool == Pool::Small {
-                self.move_reserved(Pool::Large, Pool::Small, 1);
-            }
+            // Runs mapped before a failure stay mapped: valid memory that goes idle when the
+            // caller uncounts its users.
+            self.back_run(region, start, p - start, anywhere)?;
         }
         Ok(())
     }
 
-    /// `n` unmapped physical pages: from the pool, then (with stitching, or when `anywhere`) idle
-    /// pages proven safe, then new pages within the limit. On failure every page taken goes back
-    /// to the pool.
+    /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
+    fn back_run(
+        &mut self,
+        region: u32,
+        start: u32,
+        len: u32,
+        anywhere: bool,
+    ) -> std::result::Result<(), Miss> {
+        let owner = self.regions[region as usize].stream;
+        let pool = self.regions[region as usize].pool;
+        let per_handle = match pool {
+            Pool::Small => 1,
+            Pool::Large => self.handle_pages,
+        };
+        let handles = self.acquire(len, per_handle, anywhere, owner)?;
+        let base = self.regions[region as usize].base;
+        let run: Vec<(PageHandle, u64)> = handles
+            .iter()
+            .map(|&(h, k)| (h, k as u64 * self.page))
+            .collect();
+        let (mapped, result) = match self.dev.map_run(base + start as u64 * self.page, &run) {
+            Ok(()) => (handles.len(), Ok(())),
+            Err(e) => (e.mapped.min(handles.len()), Err(Miss::Device(e.error))),
+        };
+        let now = Instant::now();
+        for &(h, k) in &handles[mapped..] {
+            self.pool_put(h, k, now);
+        }
+        let mut at = start;
+        for &(h, k) in &handles[..mapped] {
+            let pages = &mut self.regions[region as usize].pages;
+            for i in 0..k {
+                let slot = &mut pages[(at + i) as usize];
+                slot.phys = Some(h);
+                slot.hoff = i as u16;
+            }
+            // Every page of the run has a user already (its block or slab was counted first).
+            let head = &mut pages[at as usize];
+            head.hlen = k as u16;
+            head.busy = k as u16;
+            at += k;
+        }
+        if pool == Pool::Small && mapped > 0 {
+            self.move_reserved(Pool::Large, Pool::Small, (at - start) as u64, mapped as u64);
+        }
+        result
+    }
+
+    /// Forget the handle mapped at `head..head+k` of `region` (after it was unmapped).
+    fn clear_handle(&mut self, region: u32, head: u32, k: u32) {
+        let pages = &mut self.regions[region as usize].pages;
+        for i in head..head + k {
+            let slot = &mut pages[i as usize];
+            slot.phys = None;
+            slot.hoff = 0;
+            slot.hlen = 0;
+            slot.busy = 0;
+        }
+    }
+
+    /// Unmapped handles tiling exactly `n` pages, in mapping order, each at most `per_handle`
+    /// pages when created here: pooled handles that fit first (largest first); then, with
+    /// stitching or when `anywhere`, idle handles proven safe, unmapped into the pool; then new
+    /// handles within the limit; and when `anywhere`, pooled handles too large for what is left
+    /// are released to make room. On failure every handle taken goes back to the pool.
     pub(super) fn acquire(
         &mut self,
-        n: usize,
+        n: u32,
+        per_handle: u32,
         anywhere: bool,
         own: u32,
-    ) -> std::result::Result<Vec<PageHandle>, Miss> {
-        let mut got = Vec::with_capacity(n);
-        while got.len() < n {
-            if let Some((page, _)) = self.pool.pop() {
-                got.push(page);
+    ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
+        let mut got: Vec<(PageHandle, u32)> = Vec::new();
+        let mut have = 0u32;
+        while have < n {
+            let want = n - have;
+            if let Some((h, k)) = self.pool_take(want) {
+                got.push((h, k));
+                have += k;
                 continue;
             }
             if self.stitch || anywhere {
-                let before = got.len();
-                if let Err(e) = self.reclaim_idle_pages(n, anywhere, own, &mut got) {
-                    return Err(self.give_back(got, e.into()));
-                }
-                if got.len() > before {
-                    continue;
+                match self.reclaim_idle_handle(want, anywhere, own) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => return Err(self.give_back(got, e.into())),
                 }
             }
-            if self.reserved() + self.page <= self.limit {
-                match self.dev.create_page(self.page) {
-                    Ok(page) => {
+            // Pooled handles left are all larger than what is needed: give one back rather than
+            // grow beside it (re-cutting, as above).
+            if (self.stitch || anywhere)
+                && let Some((h, k)) = self.pool_take(u32::MAX)
+            {
+                if let Err(e) = self.release_handle(h, k) {
+                    return Err(self.give_back(
+                        got,
+                        Miss::Device(match e {
+                            Error::Device(d) => d,
+                            other => DeviceError::Misuse(other.to_string()),
+                        }),
+                    ));
+                }
+                continue;
+            }
+            let room = (self.limit.saturating_sub(self.reserved()) / self.page) as u32;
+            if room > 0 {
+                let k = want.min(per_handle).min(room);
+                match self.dev.create_page(k as u64 * self.page) {
+                    Ok(h) => {
                         self.stats.segment.increase(Pool::Large, 1);
                         self.stats
                             .reserved_bytes
-                            .increase(Pool::Large, self.page as i64);
+                            .increase(Pool::Large, (k as u64 * self.page) as i64);
                         self.stats.num_device_alloc += 1;
-                        got.push(page);
+                        got.push((h, k));
+                        have += k;
                         continue;
                     }
                     Err(e) => return Err(self.give_back(got, e.into())),
                 }
+            }
+            // Out of room: pooled handles too large for what is left are memory no one can
+            // use here; on the last-resort path give them back so smaller ones fit.
+            if anywhere && let Some((h, k)) = self.pool_take(u32::MAX) {
+                if let Err(e) = self.release_handle(h, k) {
+                    return Err(self.give_back(
+                        got,
+                        Miss::Device(match e {
+                            Error::Device(d) => d,
+                            other => DeviceError::Misuse(other.to_string()),
+                        }),
+                    ));
+                }
+                continue;
             }
             return Err(self.give_back(got, Miss::NoMemory));
         }
         Ok(got)
     }
 
-    pub(super) fn give_back(&mut self, pages: Vec<PageHandle>, why: Miss) -> Miss {
+    pub(super) fn give_back(&mut self, handles: Vec<(PageHandle, u32)>, why: Miss) -> Miss {
         let now = Instant::now();
-        self.pool.extend(pages.into_iter().map(|p| (p, now)));
+        for (h, k) in handles {
+            self.pool_put(h, k, now);
+        }
         why
     }
 
-    /// Unmap idle pages until `out` holds `n` pages: stream `own`'s first, then other streams',
-    /// each oldest first, taking a page only once its stream is done with it (with `block`,
-    /// waiting for the stream). A stream's first page its fence does not cover ends that stream's
-    /// turn: the rest of its list is newer.
-    pub(super) fn reclaim_idle_pages(
-        &mut self,
-        n: usize,
-        block: bool,
-        own: u32,
-        out: &mut Vec<PageHandle>,
-    ) -> std::result::Result<(), DeviceError> {
-        let others = (0..self.streams.len() as u32).filter(|&s| s != own);
-        for s in std::iter::once(own).chain(others) {
-            while out.len() < n {
-                let at = self.streams[s as usize].idle_head;
-                if at == PageRef::NONE
-                    || !self.stream_done_with(s, self.slot(at).idle_stamp, block)?
-                {
-                    break;
-                }
-                out.push(self.unmap_idle(at)?);
-            }
-            if out.len() == n {
-                break;
-            }
-        }
-        Ok(())
+    /// Put an unmapped handle of `k` pages in the pool.
+    pub(super) fn pool_put(&mut self, h: PageHandle, k: u32, when: Instant) {
+        self.pool.entry(k).or_default().push((h, when));
+        self.pooled_pages += k as u64;
     }
 
-    /// Unmap an idle page; its physical page is returned, mapped nowhere.
+    /// The largest pooled handle of at most `want` pages.
+    pub(super) fn pool_take(&mut self, want: u32) -> Option<(PageHandle, u32)> {
+        let (&k, list) = self.pool.range_mut(..=want).next_back()?;
+        let (h, _) = list.pop().expect("no empty lists are kept");
+        if list.is_empty() {
+            self.pool.remove(&k);
+        }
+        self.pooled_pages -= k as u64;
+        Some((h, k))
+    }
+
+    /// Unmap one idle handle into the pool, taking it only once its stream is done with it (with
+    /// `block`, waiting for the stream): stream `own`'s first, then other streams', each oldest
+    /// first. Only a handle of at most `want` pages is taken, unless `block` (the last-resort
+    /// path, which may release what does not fit). A stream's first handle its fence does not
+    /// cover ends that stream's turn: the rest of its list is newer. Says whether one was
+    /// unmapped.
+    pub(super) fn reclaim_idle_handle(
+        &mut self,
+        want: u32,
+        block: bool,
+        own: u32,
+    ) -> std::result::Result<bool, DeviceError> {
+        let others = (0..self.streams.len() as u32).filter(|&s| s != own);
+        let mut larger = None;
+        for s in std::iter::once(own).chain(others) {
+            let mut at = self.streams[s as usize].idle_head;
+            // Bounded: a handle too large is passed over, at most this many per stream.
+            let mut looked = 0;
+            while at != PageRef::NONE && looked < IDLE_SCAN {
+                looked += 1;
+                let slot = *self.slot(at);
+                if !self.stream_done_with(s, slot.idle_stamp, block)? {
+                    break;
+                }
+                if slot.hlen as u32 <= want || block {
+                    let (h, k) = self.unmap_idle(at)?;
+                    self.pool_put(h, k, Instant::now());
+                    return Ok(true);
+                }
+                if larger.is_none() {
+                    larger = Some((s, at));
+                }
+                at = slot.idle_next;
+            }
+        }
+        // None small enough: rather than grow, re-cut the oldest safe larger handle (release
+        // it, so the pages needed can be created in its room). Reserved memory stays flat, as
+        // with one-page handles, at the price of a release and a create.
+        if let Some((_, at)) = larger {
+            let (h, k) = self.unmap_idle(at)?;
+            if let Err(e) = self.release_handle(h, k) {
+                return Err(match e {
+                    Error::Device(d) => d,
+                    other => DeviceError::Misuse(other.to_string()),
+                });
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Unmap an idle handle (`at` is its head); it is returned, mapped nowhere, with its pages.
     pub(super) fn unmap_idle(
         &mut self,
         at: PageRef,
-    ) -> std::result::Result<PageHandle, DeviceError> {
+    ) -> std::result::Result<(PageHandle, u32), DeviceError> {
         let region = &self.regions[at.region as usize];
         let va = region.base + at.page as u64 * self.page;
         let pool = region.pool;
-        self.dev.unmap(va, self.page)?;
+        let slot = *self.slot(at);
+        let k = slot.hlen as u32;
+        let h = slot.phys.expect("an idle handle is mapped");
+        self.dev.unmap(va, k as u64 * self.page)?;
         self.idle_unlink(at);
-        let phys = self
-            .slot_mut(at)
-            .phys
-            .take()
-            .expect("an idle page is mapped");
+        self.clear_handle(at.region, at.page, k);
         if pool == Pool::Small {
-            self.move_reserved(Pool::Small, Pool::Large, 1);
+            self.move_reserved(Pool::Small, Pool::Large, k as u64, 1);
         }
-        Ok(phys)
+        Ok((h, k))
     }
 
     /// Whether every page stream `s` made idle at or before `stamp` is no longer used by the GPU.
@@ -316,33 +436,44 @@ impl Inner {
         slot.users > 0 && slot.covered < self.page
     }
 
-    /// One more user of a page. A page going from idle to used leaves the idle list.
+    /// One more user of a page. A handle whose first page in use this is leaves the idle list.
     pub(super) fn page_user_added(&mut self, region: u32, p: u32) {
         let r = &mut self.regions[region as usize];
         let slot = &mut r.pages[p as usize];
         slot.users += 1;
         if slot.users == 1 {
-            let idle = slot.idle_stamp != 0;
             r.in_use += 1;
             self.in_use_pages[r.pool as usize] += 1;
-            if idle {
-                self.idle_unlink(PageRef { region, page: p });
+            if slot.phys.is_some() {
+                let head = p - slot.hoff as u32;
+                let h = &mut r.pages[head as usize];
+                h.busy += 1;
+                // (A pinned pool's unused handle is not on the idle list: pool.rs.)
+                if h.busy == 1 && h.idle_stamp != 0 {
+                    self.idle_unlink(PageRef { region, page: head });
+                }
             }
         }
     }
 
-    /// One user less. A mapped page with no user joins the idle list (newest last).
+    /// One user less. A mapped handle none of whose pages is used joins the idle list (newest
+    /// last).
     pub(super) fn page_user_removed(&mut self, region: u32, p: u32) {
         let r = &mut self.regions[region as usize];
         let slot = &mut r.pages[p as usize];
         slot.users -= 1;
         if slot.users == 0 {
-            let mapped = slot.phys.is_some();
             r.in_use -= 1;
             self.in_use_pages[r.pool as usize] -= 1;
-            // A pinned pool's pages stay off the idle list: nothing may take them (pool.rs).
-            if mapped && !self.streams[r.stream as usize].pinned {
-                self.idle_push(PageRef { region, page: p });
+            if slot.phys.is_some() {
+                let head = p - slot.hoff as u32;
+                let h = &mut r.pages[head as usize];
+                h.busy -= 1;
+                // A pinned pool's handles stay off the idle list: nothing may take them
+                // (pool.rs).
+                if h.busy == 0 && !self.streams[r.stream as usize].pinned {
+                    self.idle_push(PageRef { region, page: head });
+                }
             }
         }
     }
@@ -367,18 +498,19 @@ impl Inner {
             None => 0,
         };
         let slot = self.slot_mut(at);
-        debug_assert!(slot.idle_stamp == 0 && slot.phys.is_some());
+        debug_assert!(slot.idle_stamp == 0 && slot.phys.is_some() && slot.hlen > 0);
         slot.idle_stamp = seq;
         slot.idle_since = since;
         slot.idle_prev = tail;
         slot.idle_next = PageRef::NONE;
+        let pages = slot.hlen as u64;
         if tail == PageRef::NONE {
             self.streams[owner].idle_head = at;
         } else {
             self.slot_mut(tail).idle_next = at;
         }
         self.streams[owner].idle_tail = at;
-        self.idle_len += 1;
+        self.idle_len += pages;
     }
 
     /// Take a page off the idle list.
@@ -387,6 +519,7 @@ impl Inner {
         let slot = self.slot_mut(at);
         debug_assert!(slot.idle_stamp != 0);
         let (prev, next) = (slot.idle_prev, slot.idle_next);
+        let pages = slot.hlen as u64;
         slot.idle_stamp = 0;
         slot.idle_prev = PageRef::NONE;
         slot.idle_next = PageRef::NONE;
@@ -398,7 +531,7 @@ impl Inner {
             PageRef::NONE => self.streams[owner].idle_tail = prev,
             n => self.slot_mut(n).idle_prev = prev,
         }
-        self.idle_len -= 1;
+        self.idle_len -= pages;
     }
 
     /// Give back an empty region of its stream: the reservation (or plain segment) to the driver,

@@ -250,8 +250,8 @@ impl Inner {
         self.streams[s as usize].pinned = true;
     }
 
-    /// Unpin state `s`: its mapped pages with no user join its idle list (stamped now, so only
-    /// a device synchronisation from now on proves them unused).
+    /// Unpin state `s`: its mapped handles with no page in use join its idle list (stamped now,
+    /// so only a device synchronisation from now on proves them unused).
     fn unpin_state(&mut self, s: u32) {
         self.streams[s as usize].pinned = false;
         let regions = self.streams[s as usize].regions.clone();
@@ -261,7 +261,8 @@ impl Inner {
             }
             for p in 0..self.regions[r as usize].pages.len() as u32 {
                 let slot = &self.regions[r as usize].pages[p as usize];
-                if slot.users == 0 && slot.phys.is_some() && slot.idle_stamp == 0 {
+                let head = slot.phys.is_some() && slot.hoff == 0;
+                if head && slot.busy == 0 && slot.idle_stamp == 0 {
                     self.idle_push(PageRef { region: r, page: p });
                 }
             }

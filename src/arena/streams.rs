@@ -134,8 +134,8 @@ impl Inner {
         }
         let now = Instant::now();
         while self.streams[s as usize].idle_head != PageRef::NONE {
-            let page = self.unmap_idle(self.streams[s as usize].idle_head)?;
-            self.pool.push((page, now));
+            let (h, k) = self.unmap_idle(self.streams[s as usize].idle_head)?;
+            self.pool_put(h, k, now);
         }
         while let Some(&r) = self.streams[s as usize].regions.last() {
             self.drop_region(r)?;

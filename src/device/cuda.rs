@@ -793,40 +793,66 @@ impl Device for CudaDevice {
     }
 
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
-        let v = self.vmm_api("map")?;
-        let _ctx = self.ctx()?;
-        bump(&self.counters.mem_map);
-        // SAFETY: plain driver call; the driver validates the range and the handle.
-        self.drv.check("cuMemMap", unsafe {
-            (v.map)(va, size as usize, 0, page.0, 0)
-        })?;
+        self.map_run(va, &[(page, size)]).map_err(|e| e.error)
+    }
 
-        let access = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: self.device,
-            },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        bump(&self.counters.set_access);
-        // SAFETY: one valid access descriptor.
-        let rc = unsafe { (v.set_access)(va, size as usize, &access, 1) };
-        if rc != CUDA_SUCCESS {
-            // Leave nothing half done: the range goes back to reserved-but-unmapped.
-            bump(&self.counters.mem_unmap);
-            // SAFETY: the range was mapped just above.
-            let undo = unsafe { (v.unmap)(va, size as usize) };
-            if undo != CUDA_SUCCESS {
-                tracing::error!(
-                    va,
-                    size,
-                    error = %self.drv.describe(undo),
-                    "cuMemUnmap failed while undoing a mapping whose cuMemSetAccess failed"
-                );
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
+        let fail = |error| MapRunError { error, mapped: 0 };
+        let v = self.vmm_api("map").map_err(fail)?;
+        let _ctx = self.ctx().map_err(fail)?;
+        let mut at = va;
+        let mut failed = None;
+        for (i, &(page, size)) in handles.iter().enumerate() {
+            bump(&self.counters.mem_map);
+            // SAFETY: plain driver call; the driver validates the range and the handle.
+            let rc = unsafe { (v.map)(at, size as usize, 0, page.0, 0) };
+            if rc != CUDA_SUCCESS {
+                failed = Some((self.drv.error("cuMemMap", rc), i));
+                break;
             }
-            return Err(self.drv.error("cuMemSetAccess", rc));
+            at += size;
         }
-        Ok(())
+        let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
+        if mapped > 0 {
+            let access = sys::CUmemAccessDesc {
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: self.device,
+                },
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            // One grant for everything mapped: access is per range, not per handle. After a
+            // failed cuMemMap this makes the handles mapped so far usable, so nothing is undone.
+            bump(&self.counters.set_access);
+            // SAFETY: one valid access descriptor over a range mapped just above.
+            let rc = unsafe { (v.set_access)(va, (at - va) as usize, &access, 1) };
+            if rc != CUDA_SUCCESS {
+                // Leave nothing inaccessible: the range goes back to reserved-but-unmapped.
+                bump(&self.counters.mem_unmap);
+                // SAFETY: the range was mapped just above, handle by handle.
+                let undo = unsafe { (v.unmap)(va, (at - va) as usize) };
+                let kept = if undo == CUDA_SUCCESS {
+                    0
+                } else {
+                    tracing::error!(
+                        va,
+                        size = at - va,
+                        error = %self.drv.describe(undo),
+                        "cuMemUnmap failed while undoing a mapping whose cuMemSetAccess failed"
+                    );
+                    mapped
+                };
+                let error = failed.map_or_else(|| self.drv.error("cuMemSetAccess", rc), |f| f.0);
+                return Err(MapRunError {
+                    error,
+                    mapped: kept,
+                });
+            }
+        }
+        match failed {
+            Some((error, mapped)) => Err(MapRunError { error, mapped }),
+            None => Ok(()),
+        }
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {

@@ -15,6 +15,7 @@
 //! - An event recorded on a stream completes only after all work queued on that stream before the
 //!   record has completed.
 
+pub mod costs;
 pub mod cuda;
 pub mod sim;
 
@@ -100,6 +101,51 @@ impl DriverCounters {
     pub fn total(&self) -> u64 {
         self.entries().iter().map(|(_, v)| v).sum()
     }
+
+    /// Mutable references to the counts, in the order of [`DriverCounters::entries`].
+    fn fields_mut(&mut self) -> [&mut u64; 17] {
+        [
+            &mut self.address_reserve,
+            &mut self.address_free,
+            &mut self.mem_create,
+            &mut self.mem_release,
+            &mut self.mem_map,
+            &mut self.mem_unmap,
+            &mut self.set_access,
+            &mut self.mem_alloc,
+            &mut self.mem_free,
+            &mut self.event_create,
+            &mut self.event_destroy,
+            &mut self.event_record,
+            &mut self.event_query,
+            &mut self.event_synchronize,
+            &mut self.stream_synchronize,
+            &mut self.device_synchronize,
+            &mut self.mem_get_info,
+        ]
+    }
+
+    /// The calls made since `earlier` (a snapshot of the same counters), kind by kind.
+    pub fn since(&self, earlier: &DriverCounters) -> DriverCounters {
+        let mut out = *self;
+        for (f, (_, e)) in out.fields_mut().into_iter().zip(earlier.entries()) {
+            *f = f.saturating_sub(e);
+        }
+        out
+    }
+
+    /// Adds `other`'s counts to these, kind by kind.
+    pub fn add(&mut self, other: &DriverCounters) {
+        for (f, (_, o)) in self.fields_mut().into_iter().zip(other.entries()) {
+            *f = f.saturating_add(o);
+        }
+    }
+
+    /// Calls that create, map, unmap or free device memory (everything but events,
+    /// synchronisation and cuMemGetInfo): the ones a warm allocator should not make.
+    pub fn memory_calls(&self) -> u64 {
+        self.entries()[..9].iter().map(|(_, v)| v).sum()
+    }
 }
 
 /// A driver-level failure.
@@ -140,6 +186,14 @@ impl std::error::Error for DeviceError {}
 
 pub type DeviceResult<T> = Result<T, DeviceError>;
 
+/// A [`Device::map_run`] that failed: why, and how many leading handles of the run are still
+/// mapped (and accessible); the others are not mapped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapRunError {
+    pub error: DeviceError,
+    pub mapped: usize,
+}
+
 /// The operations the arena needs from a GPU. Implementations are thread-safe; the arena calls
 /// them with its own lock held, so they must never call back into the arena.
 pub trait Device: Send + Sync {
@@ -161,7 +215,24 @@ pub trait Device: Send + Sync {
     fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
     /// Map `page` (of `size` bytes) at `va` and grant the device read/write access.
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()>;
-    /// Unmap `size` bytes at `va`. The physical pages stay alive.
+    /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
+    /// device read/write access to the whole run: one cuMemMap per handle, then one
+    /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; access is the
+    /// expensive half). On failure, says how many leading handles stay mapped, and accessible:
+    /// the implementation grants access to what it mapped before the failure, or, if that fails
+    /// too, unmaps it (a prefix that can be neither is reported mapped, so it is never taken for
+    /// unmapped memory). The default maps handle by handle with [`Device::map`].
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
+        let mut at = va;
+        for (i, &(page, size)) in handles.iter().enumerate() {
+            if let Err(error) = self.map(at, size, page) {
+                return Err(MapRunError { error, mapped: i });
+            }
+            at += size;
+        }
+        Ok(())
+    }
+    /// Unmap `size` bytes at `va`: a run of whole mappings. The physical pages stay alive.
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()>;
 
     /// Fallback when `info().vmm` is false: a plain device allocation (cuMemAlloc).

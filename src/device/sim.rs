@@ -15,6 +15,11 @@
 //!   driver call. Giving memory back to the driver (`unmap`, `release_page`, `free_plain`) while
 //!   an uncompleted launch may use it does not fail, as on a real GPU, but is recorded in
 //!   [`SimDevice::violations`]; so is a launch over memory that is not mapped.
+//! - **A host clock** for the lab's GPU lag: a launch may carry a due time
+//!   ([`SimDevice::launch_until`]) and completes once [`SimDevice::advance_to`] reaches it; a
+//!   synchronising call (cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize) that
+//!   completes work not yet due makes the host wait until it is: the wait is added to
+//!   [`SimDevice::stall_ns`] and the clock moves on. Launches without a due time behave as before.
 //! - **Failure injection and leak accounting** for the arena's error paths and leak tests.
 //!
 //! Invariants kept under the one lock:
@@ -40,8 +45,8 @@ use std::io;
 use parking_lot::Mutex;
 
 use super::{
-    DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle, PageHandle,
-    StreamId,
+    DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle,
+    MapRunError, PageHandle, StreamId,
 };
 use crate::config::Config;
 
@@ -169,6 +174,9 @@ struct Launch {
     /// Physical pages mapped under the range when it was launched, so that releasing one of
     /// them while the launch is pending is caught even after the range was unmapped.
     pages: Vec<u64>,
+    /// With the modelled clock: when the GPU finishes it ([`SimDevice::launch_until`]); `None`
+    /// = only `complete` or a synchronising call finishes it.
+    due_ns: Option<u64>,
 }
 
 #[derive(Default)]
@@ -358,6 +366,10 @@ struct State {
     faults: Faults,
     /// Streams in capture and the graphs they built (`capture.rs`).
     captures: capture::Captures,
+    /// The modelled host clock ([`SimDevice::advance_to`]), in nanoseconds.
+    now_ns: u64,
+    /// Host time spent blocked in synchronising calls waiting for launches not yet due.
+    stall_ns: u64,
 }
 
 fn misuse(what: String) -> DeviceError {
@@ -417,6 +429,133 @@ fn overlaps(a: DevPtr, a_len: u64, b: DevPtr, b_len: u64) -> bool {
 }
 
 impl State {
+    /// cuMemMap of `page` at `va`, without the access grant (see `Device::map_run`).
+    fn map_one(&mut self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let s = self;
+        s.counters.mem_map += 1;
+        let n = s.faults.begin(SimCall::Map);
+        s.need_vmm("cuMemMap")?;
+        s.check_granular("cuMemMap", Some(va), size)?;
+        let Some(p) = s.pages.get(&page.0) else {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} does not exist",
+                page.0
+            )));
+        };
+        if p.size != size {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}",
+                page.0, p.size
+            )));
+        }
+        if let Some(at) = p.mapped_at {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: page {:#x} is already mapped at {at:#x}",
+                page.0
+            )));
+        }
+        let offset = p.offset;
+        if s.reservation_holding(va, size).is_none() {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: the range is not inside one live reservation"
+            )));
+        }
+        if let Some((&m, mapping)) = s.mappings.range(..va + size).next_back()
+            && m + mapping.size > va
+        {
+            return Err(misuse(format!(
+                "cuMemMap at {va:#x}+{size}: {m:#x}+{} is already mapped (page {:#x})",
+                mapping.size, mapping.page
+            )));
+        }
+        if s.faults.fails(SimCall::Map, n) {
+            return Err(SimCall::Map.injected_error());
+        }
+        if let Some(b) = &s.backing {
+            // SAFETY: `[va, va+size)` lies inside one of our PROT_NONE reservations and is not
+            // mapped (both checked above), so replacing it touches no other memory.
+            let got = unsafe {
+                libc::mmap(
+                    va as *mut libc::c_void,
+                    size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    b.fd,
+                    offset as libc::off_t,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(host_error("cuMemMap", "mmap of the page"));
+            }
+        }
+        s.mappings.insert(va, Mapping { size, page: page.0 });
+        s.pages.get_mut(&page.0).expect("checked above").mapped_at = Some(va);
+        Ok(())
+    }
+
+    /// cuMemUnmap of `[va, va+size)`: exactly a run of whole mappings.
+    fn unmap_range(&mut self, va: DevPtr, size: u64) -> DeviceResult<()> {
+        let s = self;
+        s.counters.mem_unmap += 1;
+        s.need_vmm("cuMemUnmap")?;
+        s.check_granular("cuMemUnmap", Some(va), size)?;
+        if s.reservation_holding(va, size).is_none() {
+            return Err(misuse(format!(
+                "cuMemUnmap of {va:#x}+{size}: the range is not inside one live reservation"
+            )));
+        }
+        // The range must be exactly a run of whole mappings, with no gap.
+        let end = va + size;
+        let mut at = va;
+        let mut covered = Vec::new();
+        while at < end {
+            let Some(m) = s.mappings.get(&at) else {
+                let why = match s.mapping_at(at) {
+                    Some((start, m)) => {
+                        format!("{at:#x} is inside the mapping {start:#x}+{}", m.size)
+                    }
+                    None => format!("{at:#x} is not mapped"),
+                };
+                return Err(misuse(format!("cuMemUnmap of {va:#x}+{size}: {why}")));
+            };
+            if at + m.size > end {
+                return Err(misuse(format!(
+                    "cuMemUnmap of {va:#x}+{size}: the mapping {at:#x}+{} ends past the range",
+                    m.size
+                )));
+            }
+            covered.push(at);
+            at += m.size;
+        }
+        if s.backing.is_some() {
+            // Put the reservation's PROT_NONE placeholder back, so the address stays ours.
+            let flags =
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
+            // SAFETY: `[va, va+size)` is mapped by us inside one of our reservations.
+            let got = unsafe {
+                libc::mmap(
+                    va as *mut libc::c_void,
+                    size as usize,
+                    libc::PROT_NONE,
+                    flags,
+                    -1,
+                    0,
+                )
+            };
+            if got == libc::MAP_FAILED {
+                return Err(host_error("cuMemUnmap", "mmap of the placeholder"));
+            }
+        }
+        s.note_busy_release("cuMemUnmap", va, size);
+        for start in covered {
+            let m = s.mappings.remove(&start).expect("found above");
+            if let Some(p) = s.pages.get_mut(&m.page) {
+                p.mapped_at = None;
+            }
+        }
+        Ok(())
+    }
+
     fn need_vmm(&self, call: &str) -> DeviceResult<()> {
         if self.vmm {
             Ok(())
@@ -516,25 +655,46 @@ impl State {
         self.note_graph_release(call, ptr, len);
     }
 
-    /// Completes the work of `stream` up to its `submitted` count `upto`.
-    fn complete_upto(&mut self, stream: StreamId, upto: u64) {
+    /// Completes the work of `stream` up to its `submitted` count `upto`. With `wait` (a
+    /// synchronising driver call), the host blocks until the last of that work is due on the
+    /// modelled clock: the wait is added to `stall_ns` and the clock moves on to then.
+    fn complete_upto(&mut self, stream: StreamId, upto: u64, wait: bool) {
+        let mut due = 0;
         if let Some(st) = self.streams.get_mut(&stream) {
             st.completed = st.completed.max(upto.min(st.submitted));
             while st.pending.front().is_some_and(|l| l.seq <= upto) {
-                st.pending.pop_front();
+                let l = st.pending.pop_front().expect("checked");
+                due = due.max(l.due_ns.unwrap_or(0));
             }
+        }
+        if wait {
+            self.wait_until(due);
         }
     }
 
-    fn complete_stream(&mut self, stream: StreamId) {
-        let upto = self.streams.get(&stream).map_or(0, |st| st.submitted);
-        self.complete_upto(stream, upto);
+    /// The host waits until `due_ns` on the modelled clock (nothing if that has passed).
+    fn wait_until(&mut self, due_ns: u64) {
+        if due_ns > self.now_ns {
+            self.stall_ns += due_ns - self.now_ns;
+            self.now_ns = due_ns;
+        }
     }
 
-    fn complete_all(&mut self) {
+    fn complete_stream(&mut self, stream: StreamId, wait: bool) {
+        let upto = self.streams.get(&stream).map_or(0, |st| st.submitted);
+        self.complete_upto(stream, upto, wait);
+    }
+
+    fn complete_all(&mut self, wait: bool) {
+        let mut due = 0;
         for st in self.streams.values_mut() {
             st.completed = st.submitted;
-            st.pending.clear();
+            for l in st.pending.drain(..) {
+                due = due.max(l.due_ns.unwrap_or(0));
+            }
+        }
+        if wait {
+            self.wait_until(due);
         }
     }
 
@@ -617,6 +777,8 @@ impl SimDevice {
             violations: Vec::new(),
             faults: Faults::default(),
             captures: capture::Captures::default(),
+            now_ns: 0,
+            stall_ns: 0,
         };
         let info = DeviceInfo {
             ordinal: c.ordinal,
@@ -637,6 +799,18 @@ impl SimDevice {
     /// A range not entirely covered by mappings and plain allocations is recorded as a
     /// violation, as the kernel would fault on a real GPU.
     pub fn launch(&self, stream: StreamId, ptr: DevPtr, len: u64) {
+        self.launch_at(stream, ptr, len, None);
+    }
+
+    /// Like [`SimDevice::launch`], but the GPU finishes the work by itself at `due_ns` on the
+    /// modelled clock (once [`SimDevice::advance_to`] reaches it, or when a synchronising call
+    /// waits for it). Launches on one stream finish in order, so give each stream's launches
+    /// non-decreasing due times.
+    pub fn launch_until(&self, stream: StreamId, ptr: DevPtr, len: u64, due_ns: u64) {
+        self.launch_at(stream, ptr, len, Some(due_ns));
+    }
+
+    fn launch_at(&self, stream: StreamId, ptr: DevPtr, len: u64, due_ns: Option<u64>) {
         let mut s = self.state.lock();
         let end = ptr.saturating_add(len);
         let mut pages = Vec::new();
@@ -666,17 +840,52 @@ impl SimDevice {
             ptr,
             len,
             pages,
+            due_ns,
         });
     }
 
-    /// Completes all work queued on `stream` so far.
-    pub fn complete(&self, stream: StreamId) {
-        self.state.lock().complete_stream(stream);
+    /// Moves the modelled host clock to `now_ns` (never backwards) and completes, on every
+    /// stream, the launches due by then, in stream order.
+    pub fn advance_to(&self, now_ns: u64) {
+        let mut s = self.state.lock();
+        s.now_ns = s.now_ns.max(now_ns);
+        let now = s.now_ns;
+        for st in s.streams.values_mut() {
+            let mut popped = false;
+            while st
+                .pending
+                .front()
+                .is_some_and(|l| l.due_ns.is_some_and(|d| d <= now))
+            {
+                st.pending.pop_front();
+                popped = true;
+            }
+            if popped {
+                st.completed = st.pending.front().map_or(st.submitted, |l| l.seq - 1);
+            }
+        }
     }
 
-    /// Completes all work on every stream.
+    /// The modelled host clock in nanoseconds: the latest `advance_to`, plus any time the host
+    /// spent waiting in a synchronising call.
+    pub fn now_ns(&self) -> u64 {
+        self.state.lock().now_ns
+    }
+
+    /// Host time spent blocked in synchronising calls (cuEventSynchronize, cuStreamSynchronize,
+    /// cuCtxSynchronize) for launches not yet due on the modelled clock, in nanoseconds.
+    pub fn stall_ns(&self) -> u64 {
+        self.state.lock().stall_ns
+    }
+
+    /// Completes all work queued on `stream` so far (the GPU finished it; no host wait).
+    pub fn complete(&self, stream: StreamId) {
+        self.state.lock().complete_stream(stream, false);
+    }
+
+    /// Completes all work on every stream (no host wait).
     pub fn complete_all(&self) {
-        self.state.lock().complete_all();
+        self.state.lock().complete_all(false);
     }
 
     /// `(stream, ptr, len)` of every uncompleted launch, by stream then launch order.
@@ -927,134 +1136,49 @@ impl Device for SimDevice {
     }
 
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        self.map_run(va, &[(page, size)]).map_err(|e| e.error)
+    }
+
+    /// One cuMemMap per handle, at consecutive addresses, then one cuMemSetAccess for the run (as
+    /// PyTorch's expandable segments grant access per contiguous range). What was mapped before
+    /// a failure is granted access and reported (see [`Device::map_run`]).
+    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
         let mut s = self.state.lock();
-        s.counters.mem_map += 1;
-        let n = s.faults.begin(SimCall::Map);
-        s.need_vmm("cuMemMap")?;
-        s.check_granular("cuMemMap", Some(va), size)?;
-        let Some(p) = s.pages.get(&page.0) else {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} does not exist",
-                page.0
-            )));
-        };
-        if p.size != size {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}",
-                page.0, p.size
-            )));
+        let mut at = va;
+        let mut failed = None;
+        for (i, &(page, size)) in handles.iter().enumerate() {
+            if let Err(e) = s.map_one(at, size, page) {
+                failed = Some((e, i));
+                break;
+            }
+            at += size;
         }
-        if let Some(at) = p.mapped_at {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} is already mapped at {at:#x}",
-                page.0
-            )));
-        }
-        let offset = p.offset;
-        if s.reservation_holding(va, size).is_none() {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: the range is not inside one live reservation"
-            )));
-        }
-        if let Some((&m, mapping)) = s.mappings.range(..va + size).next_back()
-            && m + mapping.size > va
-        {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: {m:#x}+{} is already mapped (page {:#x})",
-                mapping.size, mapping.page
-            )));
-        }
-        if s.faults.fails(SimCall::Map, n) {
-            return Err(SimCall::Map.injected_error());
-        }
-        // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
-        s.counters.set_access += 1;
-        let n = s.faults.begin(SimCall::SetAccess);
-        if s.faults.fails(SimCall::SetAccess, n) {
-            return Err(SimCall::SetAccess.injected_error());
-        }
-        if let Some(b) = &s.backing {
-            // SAFETY: `[va, va+size)` lies inside one of our PROT_NONE reservations and is not
-            // mapped (both checked above), so replacing it touches no other memory.
-            let got = unsafe {
-                libc::mmap(
-                    va as *mut libc::c_void,
-                    size as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_FIXED,
-                    b.fd,
-                    offset as libc::off_t,
-                )
-            };
-            if got == libc::MAP_FAILED {
-                return Err(host_error("cuMemMap", "mmap of the page"));
+        let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
+        if mapped > 0 {
+            // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
+            s.counters.set_access += 1;
+            let n = s.faults.begin(SimCall::SetAccess);
+            if s.faults.fails(SimCall::SetAccess, n) {
+                let kept = if s.unmap_range(va, at - va).is_ok() {
+                    0
+                } else {
+                    mapped
+                };
+                let error = failed.map_or(SimCall::SetAccess.injected_error(), |f| f.0);
+                return Err(MapRunError {
+                    error,
+                    mapped: kept,
+                });
             }
         }
-        s.mappings.insert(va, Mapping { size, page: page.0 });
-        s.pages.get_mut(&page.0).expect("checked above").mapped_at = Some(va);
-        Ok(())
+        match failed {
+            Some((error, mapped)) => Err(MapRunError { error, mapped }),
+            None => Ok(()),
+        }
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {
-        let mut s = self.state.lock();
-        s.counters.mem_unmap += 1;
-        s.need_vmm("cuMemUnmap")?;
-        s.check_granular("cuMemUnmap", Some(va), size)?;
-        if s.reservation_holding(va, size).is_none() {
-            return Err(misuse(format!(
-                "cuMemUnmap of {va:#x}+{size}: the range is not inside one live reservation"
-            )));
-        }
-        // The range must be exactly a run of whole mappings, with no gap.
-        let end = va + size;
-        let mut at = va;
-        let mut covered = Vec::new();
-        while at < end {
-            let Some(m) = s.mappings.get(&at) else {
-                let why = match s.mapping_at(at) {
-                    Some((start, m)) => {
-                        format!("{at:#x} is inside the mapping {start:#x}+{}", m.size)
-                    }
-                    None => format!("{at:#x} is not mapped"),
-                };
-                return Err(misuse(format!("cuMemUnmap of {va:#x}+{size}: {why}")));
-            };
-            if at + m.size > end {
-                return Err(misuse(format!(
-                    "cuMemUnmap of {va:#x}+{size}: the mapping {at:#x}+{} ends past the range",
-                    m.size
-                )));
-            }
-            covered.push(at);
-            at += m.size;
-        }
-        if s.backing.is_some() {
-            // Put the reservation's PROT_NONE placeholder back, so the address stays ours.
-            let flags =
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE;
-            // SAFETY: `[va, va+size)` is mapped by us inside one of our reservations.
-            let got = unsafe {
-                libc::mmap(
-                    va as *mut libc::c_void,
-                    size as usize,
-                    libc::PROT_NONE,
-                    flags,
-                    -1,
-                    0,
-                )
-            };
-            if got == libc::MAP_FAILED {
-                return Err(host_error("cuMemUnmap", "mmap of the placeholder"));
-            }
-        }
-        s.note_busy_release("cuMemUnmap", va, size);
-        for start in covered {
-            let m = s.mappings.remove(&start).expect("found above");
-            if let Some(p) = s.pages.get_mut(&m.page) {
-                p.mapped_at = None;
-            }
-        }
-        Ok(())
+        self.state.lock().unmap_range(va, size)
     }
 
     fn alloc_plain(&self, size: u64) -> DeviceResult<DevPtr> {
@@ -1155,7 +1279,7 @@ impl Device for SimDevice {
         s.capture_check_event("cuEventSynchronize", event)?;
         if let Some((stream, upto)) = last {
             // Only the work captured by the record completes; later launches stay pending.
-            s.complete_upto(stream, upto);
+            s.complete_upto(stream, upto, true);
         }
         Ok(())
     }
@@ -1164,7 +1288,7 @@ impl Device for SimDevice {
         let mut s = self.state.lock();
         s.counters.stream_synchronize += 1;
         s.capture_check_sync("cuStreamSynchronize", Some(stream))?;
-        s.complete_stream(stream);
+        s.complete_stream(stream, true);
         Ok(())
     }
 
@@ -1172,7 +1296,7 @@ impl Device for SimDevice {
         let mut s = self.state.lock();
         s.counters.device_synchronize += 1;
         s.capture_check_sync("cuCtxSynchronize", None)?;
-        s.complete_all();
+        s.complete_all(true);
         Ok(())
     }
 

@@ -5,9 +5,11 @@
 //! RMM `logging_resource_adaptor` CSV logs ([`rmm`]) and synthetic workloads ([`synth`]).
 //! [`load`] picks the importer from the file's content. [`replay`] runs a trace through the arena
 //! on a simulated device; [`native`] emulates PyTorch's native caching allocator on the same
-//! trace; [`plot`] draws both.
+//! trace; [`plot`] draws both; [`live`] lists what is live at the peak or before an event, by site.
 
 pub mod format;
+mod frames;
+pub mod live;
 pub mod native;
 pub mod pickle;
 pub mod plot;
@@ -15,6 +17,7 @@ pub mod replay;
 pub mod rmm;
 pub mod synth;
 pub mod torch_snapshot;
+pub mod training;
 
 mod import;
 pub use import::load;

@@ -12,6 +12,17 @@
 //! growable segment per (stream, pool) mapped in chunks of 2 MiB (small) / `large_segment_size`
 //! (large), the lowest free run first; fully free chunks are unmapped on OOM.
 //!
+//! Driver calls (for the cost model, `reference/vmm-costs.md`): without expandable segments a
+//! new segment is one `cudaMalloc` (counted as `cuMemAlloc`) and a released one one `cudaFree`
+//! (`cuMemFree`). With expandable segments, as `ExpandableSegment` does: one
+//! `cuMemAddressReserve` per segment; growing by n chunks is n `cuMemCreate` + n `cuMemMap` and
+//! one `cuMemSetAccess` for the range; unmapping a free run is one `cuStreamSynchronize` (PyTorch
+//! waits for the stream first), then n `cuMemUnmap` + n `cuMemRelease`. cudaFree synchronises the
+//! device and the unmap path synchronises its stream: under a GPU lag each release episode (one
+//! pass of the OOM path that gives memory back) stalls the host for the lag, the time the newest
+//! queued work needs to finish. Events for cross-stream frees are not modelled (no
+//! `record_stream`), so the emulation counts no event calls.
+//!
 //! Not modelled: `record_stream` deferral (frees are immediate), garbage collection, memory
 //! fraction, `roundup_power2_divisions`, CUDA graphs and private pools.
 //!
@@ -21,8 +32,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::replay::{Point, SeriesBuilder};
+use super::replay::{Point, Policy, ReplayResult, SeriesBuilder, Timing};
 use super::{Op, Trace};
+use crate::device::DriverCounters;
+use crate::error::{Error, Result};
 
 /// The native allocator's settings that matter for a replay.
 #[derive(Clone, Debug)]
@@ -84,14 +97,15 @@ pub fn allocation_size(size: u64, large_segment_size: u64) -> u64 {
     }
 }
 
-/// What the emulated native allocator did.
+/// What the emulated native allocator did: the replay's figures (the same type as the arena's,
+/// reached through `Deref`: `peak_reserved`, `steps`, `calls`, `modelled_driver_s`, ...) and the
+/// emulation's own counts.
 #[derive(Clone, Debug)]
 pub struct NativeResult {
-    pub peak_reserved: u64,
+    pub replay: ReplayResult,
     pub peak_allocated: u64,
     /// Index of the event that ran out of memory, if any.
     pub oom_event: Option<usize>,
-    pub series: Vec<Point>,
     /// Segments created (cudaMalloc calls, or chunk mappings with expandable segments).
     pub segments_created: u64,
     /// Segments released (cudaFree calls, or chunk unmappings) on the OOM path.
@@ -100,6 +114,13 @@ pub struct NativeResult {
     pub alloc_retries: u64,
     /// Reserved bytes after the last event.
     pub final_reserved: u64,
+}
+
+impl std::ops::Deref for NativeResult {
+    type Target = ReplayResult;
+    fn deref(&self) -> &ReplayResult {
+        &self.replay
+    }
 }
 
 const NONE: u32 = u32::MAX;
@@ -153,6 +174,14 @@ struct Native<'a> {
     created: u64,
     released: u64,
     retries: u64,
+    /// Driver calls made, by kind.
+    calls: DriverCounters,
+    /// Release episodes (cudaFree or a synchronised unmap), each a host wait under a GPU lag.
+    syncs: u64,
+    /// The GPU lag of the replay (for the stall of each release episode).
+    lag_ns: u64,
+    /// The most reserved since `take_peak_reserved`.
+    step_peak: u64,
 }
 
 impl<'a> Native<'a> {
@@ -172,6 +201,10 @@ impl<'a> Native<'a> {
             created: 0,
             released: 0,
             retries: 0,
+            calls: DriverCounters::default(),
+            syncs: 0,
+            lag_ns: 0,
+            step_peak: 0,
         }
     }
 
@@ -222,6 +255,16 @@ impl<'a> Native<'a> {
     fn add_reserved(&mut self, bytes: u64) {
         self.reserved += bytes;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.step_peak = self.step_peak.max(self.reserved);
+    }
+
+    /// A release episode begins unless one already did since the last allocation: cudaFree
+    /// synchronises the device, so the first release waits for the GPU and the rest do not.
+    fn sync_once(&mut self, in_episode: &mut bool) {
+        if !*in_episode {
+            *in_episode = true;
+            self.syncs += 1;
+        }
     }
 
     /// `malloc`: the block for a request of `req` bytes on `stream`, or `None` on OOM.
@@ -232,15 +275,16 @@ impl<'a> Native<'a> {
             self.pool_remove(b);
             return Some(self.alloc_found(b, size));
         }
+        let mut episode = false;
         let b = self.alloc_block(size, stream, small).or_else(|| {
-            if self.release_available_cached_blocks(size, stream, small) {
+            if self.release_available_cached_blocks(size, stream, small, &mut episode) {
                 self.alloc_block(size, stream, small)
             } else {
                 None
             }
         });
         let b = b.or_else(|| {
-            self.release_cached_blocks();
+            self.release_cached_blocks(&mut episode);
             self.retries += 1;
             self.alloc_block(size, stream, small)
         })?;
@@ -337,6 +381,7 @@ impl<'a> Native<'a> {
         }
         self.add_reserved(len);
         self.created += 1;
+        self.calls.mem_alloc += 1;
         let seg = self.segs.len() as u32;
         self.segs.push(Segment {
             stream,
@@ -363,17 +408,25 @@ impl<'a> Native<'a> {
     }
 
     /// cudaFree of a whole cached segment.
-    fn release_segment(&mut self, i: u32) {
+    fn release_segment(&mut self, i: u32, episode: &mut bool) {
+        self.sync_once(episode);
         self.pool_remove(i);
         self.reserved -= self.blocks[i as usize].size;
         self.released += 1;
+        self.calls.mem_free += 1;
         self.spare.push(i);
     }
 
     /// `release_available_cached_blocks`: with `max_split_size`, free cached oversize segments
     /// of this stream: the smallest one that covers the request, else the largest ones until
     /// their sum does.
-    fn release_available_cached_blocks(&mut self, size: u64, stream: u64, small: bool) -> bool {
+    fn release_available_cached_blocks(
+        &mut self,
+        size: u64,
+        stream: u64,
+        small: bool,
+        episode: &mut bool,
+    ) -> bool {
         let Some(max_split) = self.opts.max_split_size else {
             return false;
         };
@@ -384,7 +437,7 @@ impl<'a> Native<'a> {
             .map(|k| k.3)
             .find(|&i| self.is_whole_segment(i));
         if let Some(i) = one {
-            self.release_segment(i);
+            self.release_segment(i, episode);
             return true;
         }
         let candidates: Vec<u32> = self.pools[pool]
@@ -399,20 +452,20 @@ impl<'a> Native<'a> {
                 break;
             }
             total += self.blocks[i as usize].size;
-            self.release_segment(i);
+            self.release_segment(i, episode);
         }
         total >= want
     }
 
     /// `release_cached_blocks`: free every unsplit cached segment and unmap every fully free
     /// chunk of the expandable segments.
-    fn release_cached_blocks(&mut self) {
+    fn release_cached_blocks(&mut self, episode: &mut bool) {
         let free: Vec<u32> = self.pools.iter().flatten().map(|k| k.3).collect();
         for i in free {
             if self.is_whole_segment(i) {
-                self.release_segment(i);
+                self.release_segment(i, episode);
             } else if self.segs[self.blocks[i as usize].seg as usize].expandable {
-                self.unmap_free_chunks(i);
+                self.unmap_free_chunks(i, episode);
             }
         }
     }
@@ -499,12 +552,17 @@ impl<'a> Native<'a> {
         }
         self.blocks[u as usize].state = State::Free;
         self.add_reserved(len);
-        self.created += len / self.chunk(self.segs[seg].small);
+        let chunks = len / self.chunk(self.segs[seg].small);
+        self.created += chunks;
+        // One handle per chunk, each created and mapped; one cuMemSetAccess for the range.
+        self.calls.mem_create += chunks;
+        self.calls.mem_map += chunks;
+        self.calls.set_access += 1;
         self.insert_free(u)
     }
 
     /// Unmaps the whole chunks inside free block `i` of an expandable segment.
-    fn unmap_free_chunks(&mut self, i: u32) {
+    fn unmap_free_chunks(&mut self, i: u32, episode: &mut bool) {
         let b = self.blocks[i as usize];
         let seg = b.seg as usize;
         let (base, chunk) = (self.segs[seg].base, self.chunk(self.segs[seg].small));
@@ -516,6 +574,11 @@ impl<'a> Native<'a> {
         self.pool_remove(i);
         self.reserved -= hi - lo;
         self.released += (hi - lo) / chunk;
+        // PyTorch synchronises the stream, then unmaps and releases each handle.
+        self.sync_once(episode);
+        self.calls.stream_synchronize += 1;
+        self.calls.mem_unmap += (hi - lo) / chunk;
+        self.calls.mem_release += (hi - lo) / chunk;
         // Cut [ptr, lo) | [lo, hi) | [hi, end).
         let mut mid = i;
         if lo > b.ptr {
@@ -597,51 +660,79 @@ impl<'a> Native<'a> {
             unmapped,
         });
         self.next_va = base + va;
+        self.calls.address_reserve += 1;
         self.expandable.insert((stream, small), seg);
         seg
     }
 }
 
-/// Emulate the native allocator on `trace`. Frees of ids never allocated are skipped; an
-/// allocation that cannot be met ends the emulation (`oom_event`).
-pub fn simulate(trace: &Trace, opts: &NativeOptions) -> NativeResult {
-    let mut n = Native::new(opts);
-    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
-    let mut series = SeriesBuilder::new(trace.events.len(), opts.series_points);
-    let mut requested = 0u64;
-    let mut oom_event = None;
-    for (i, e) in trace.events.iter().enumerate() {
-        match e.op {
-            Op::Alloc if e.size == 0 => {}
-            Op::Alloc => match n.malloc(e.size, e.stream) {
-                Some(b) => {
-                    live.insert(e.id, (b, e.size));
-                    requested += e.size;
-                }
-                None => {
-                    oom_event = Some(i);
-                    break;
-                }
-            },
-            Op::Free => {
-                if let Some((b, size)) = live.remove(&e.id) {
-                    n.free(b);
-                    requested -= size;
-                }
-            }
+impl Policy for Native<'_> {
+    fn malloc(&mut self, _event: usize, _id: u64, size: u64, stream: u64) -> Result<u64> {
+        match Native::malloc(self, size, stream) {
+            Some(b) => Ok(b as u64),
+            None => Err(Error::OutOfMemory(format!(
+                "the emulated native allocator cannot allocate {size} bytes on stream {stream}"
+            ))),
         }
-        series.push(i, requested, n.reserved);
     }
-    NativeResult {
-        peak_reserved: n.peak_reserved,
+
+    fn free(&mut self, _event: usize, _id: u64, b: u64, _size: u64, _stream: u64) -> Result<()> {
+        Native::free(self, b as u32);
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    fn allocated(&self) -> u64 {
+        self.allocated
+    }
+
+    fn take_peak_reserved(&mut self) -> u64 {
+        std::mem::replace(&mut self.step_peak, self.reserved)
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.calls
+    }
+
+    fn stall_ns(&self) -> u64 {
+        self.syncs.saturating_mul(self.lag_ns)
+    }
+
+    fn advance_to(&mut self, _now_ns: u64) {}
+
+    fn gpu_use(&mut self, _b: u64, _size: u64, _stream: u64, _due_ns: u64) {}
+}
+
+/// Emulate the native allocator on `trace`, one pass and no GPU lag. Frees of ids never
+/// allocated are skipped; an allocation that cannot be met ends the emulation (`oom_event`).
+/// `Err` only for a trace the replay loop refuses (an id allocated twice while live).
+pub fn simulate(trace: &Trace, opts: &NativeOptions) -> Result<NativeResult> {
+    simulate_timed(trace, opts, &Timing::default(), &mut |_, _| {})
+}
+
+/// Emulate the native allocator on `trace` under `timing` (steps, GPU lag, driver costs), in the
+/// same replay loop as the arena's.
+pub fn simulate_timed(
+    trace: &Trace,
+    opts: &NativeOptions,
+    timing: &Timing,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<NativeResult> {
+    let mut n = Native::new(opts);
+    n.lag_ns = timing.gpu_lag_ns;
+    let replay = super::replay::run(trace, &mut n, timing, opts.series_points, progress)?;
+    Ok(NativeResult {
+        oom_event: replay.oom.as_ref().map(|o| o.event),
+        replay,
         peak_allocated: n.peak_allocated,
-        oom_event,
-        series: series.finish(),
         segments_created: n.created,
         segments_released: n.released,
         alloc_retries: n.retries,
         final_reserved: n.reserved,
-    }
+    })
 }
 
 /// The native reserved bytes the trace itself recorded, as plot points (`None` if not recorded).
@@ -670,7 +761,7 @@ pub fn recorded_series(trace: &Trace, points: usize) -> Option<Vec<Point>> {
                 }
             }
         }
-        series.push(i, requested, reserved);
+        series.push(i, requested, reserved, 0);
     }
     Some(series.finish())
 }

@@ -1,10 +1,24 @@
-//! Replay a [`Trace`] through the arena on a simulated device.
+//! Replay a [`Trace`] through an allocator *policy*: the arena on a simulated device
+//! ([`ArenaPolicy`]) or PyTorch's native allocator emulated ([`super::native`]). One loop
+//! ([`run`]) drives both, so both see the same events, the same clock and the same steps.
 //!
-//! Each event is one `Arena::malloc` / `Arena::free` on a fresh arena over a [`SimDevice`] of
-//! `capacity` bytes. Cost per event is the arena's own plus O(1) bookkeeping (a hash map from
-//! event id to pointer, running sums, one bucket of the plot series), so a replay measures the
-//! arena, not the replayer. With `check`, every event is followed by a full consistency check of
-//! the arena (O(live)); with `backing`, allocations carry a pattern that is verified on free.
+//! Each event is one `malloc` / `free` of the policy. Cost per event is the policy's own plus
+//! O(1) bookkeeping (a hash map from event id to handle, running sums, one bucket of the plot
+//! series), so a replay measures the allocator, not the replayer. For the arena, with `check`,
+//! every event is followed by a full consistency check (O(live)); with `backing`, allocations
+//! carry a pattern that is verified on free.
+//!
+//! **Steps** (`repeat`): the trace is replayed `repeat` times in a row, one step per pass. What
+//! is live at the end of a pass (parameters, optimizer state, the seeded live set) stays live:
+//! later passes replay only the allocations the trace both makes and frees (and their frees).
+//!
+//! **GPU lag** (`gpu_lag_ns`): on a GPU the host runs ahead of the device, so a free reaches the
+//! allocator while kernels queued before it still use the memory. At every free the replay
+//! queues that use on the free's stream ([`Policy::gpu_use`]), to finish `gpu_lag_ns` after the
+//! free on the host clock. The clock is the trace's own (`time_us` of the events) where it has
+//! one, else [`DEFAULT_EVENT_CLOCK_NS`] per event; a stall (a synchronising call that waits for
+//! work not yet due) moves it on. A lag of 0 queues nothing: the replay is the same as without
+//! the model.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,10 +27,21 @@ use std::time::{Duration, Instant};
 use super::{Op, Trace};
 use crate::arena::Arena;
 use crate::config::Config;
-use crate::device::Device;
+use crate::device::costs::DriverCosts;
 use crate::device::sim::{SimConfig, SimDevice};
+use crate::device::{Device, DriverCounters};
 use crate::error::{Error, Result};
 
+/// The host time one event takes in a trace without timestamps: 10 µs, about what the host
+/// spends between two allocations in an eager PyTorch training step (a few kernel launches of
+/// ~5 µs each between allocations).
+pub const DEFAULT_EVENT_CLOCK_NS: u64 = 10_000;
+
+/// The default GPU lag: 2 ms (see `BENCHMARKS.md`, "The driver cost model"). An assumption: an
+/// eager training loop that keeps its GPU busy queues kernels ahead of it, up to CUDA's launch
+/// queue (about a thousand kernels, tens of ms); a launch-bound loop is barely ahead (~0). 2 ms
+/// is a step of a few ms run mostly asynchronously, and short next to most steps.
+pub const DEFAULT_GPU_LAG_NS: u64 = 2_000_000;
 /// How to replay.
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
@@ -36,6 +61,51 @@ pub struct ReplayOptions {
     pub consistency_every: usize,
     /// How many points of (requested, reserved) to keep for a plot (0 = none).
     pub series_points: usize,
+    /// The timing of the replay (steps, GPU lag, driver costs).
+    pub timing: Timing,
+}
+
+/// How a replay is timed: passes over the trace, GPU lag, what driver calls cost. The same for
+/// every policy of one comparison.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// Passes over the trace, one step each (at least 1).
+    pub repeat: u32,
+    /// GPU work finishes this long after it is queued, in nanoseconds of the host clock.
+    pub gpu_lag_ns: u64,
+    /// Host time per event of a trace without timestamps.
+    pub event_clock_ns: u64,
+    /// Latency of each driver call kind.
+    pub costs: DriverCosts,
+}
+
+impl Default for Timing {
+    /// One pass, no lag (today's replay), the A100 costs.
+    fn default() -> Self {
+        Timing {
+            repeat: 1,
+            gpu_lag_ns: 0,
+            event_clock_ns: DEFAULT_EVENT_CLOCK_NS,
+            costs: DriverCosts::default(),
+        }
+    }
+}
+
+impl ReplayOptions {
+    /// Default arena settings on a device of `capacity` bytes, no checks, no plot, one pass and
+    /// no GPU lag.
+    pub fn new(capacity: u64) -> Self {
+        ReplayOptions {
+            capacity,
+            conf: Config::default(),
+            conf_label: String::new(),
+            backing: false,
+            check: false,
+            consistency_every: 1,
+            series_points: 0,
+            timing: Timing::default(),
+        }
+    }
 }
 
 /// Requested and reserved bytes after event `event`.
@@ -44,6 +114,8 @@ pub struct Point {
     pub event: usize,
     pub requested: u64,
     pub reserved: u64,
+    /// Modelled driver time so far, in nanoseconds (0 where not modelled).
+    pub driver_ns: u64,
 }
 
 /// What was going on when an allocation failed.
@@ -51,6 +123,8 @@ pub struct Point {
 pub struct OomReport {
     /// Index of the failing event in `Trace::events`.
     pub event: usize,
+    /// The step (pass over the trace, from 1) it failed in.
+    pub step: u32,
     pub size: u64,
     pub stream: u64,
     pub live_bytes: u64,
@@ -64,11 +138,25 @@ pub struct OomReport {
     pub largest_live: Vec<(u64, String)>,
 }
 
+/// What one step (one pass over the trace) cost.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Driver calls of the step, by kind.
+    pub calls: DriverCounters,
+    /// Σ calls × latency.
+    pub modelled_driver_s: f64,
+    /// Host time blocked waiting for the GPU in the step.
+    pub modelled_stall_s: f64,
+    pub peak_requested: u64,
+    pub peak_reserved: u64,
+}
+
 /// The outcome of one replay of one trace under one setting.
 #[derive(Clone, Debug)]
 pub struct ReplayResult {
     pub trace: String,
     pub conf: String,
+    /// Events replayed, over every step (up to an out-of-memory).
     pub events: usize,
     pub peak_requested: u64,
     pub peak_reserved: u64,
@@ -78,7 +166,18 @@ pub struct ReplayResult {
     pub native_peak_reserved: Option<u64>,
     pub oom: Option<OomReport>,
     pub elapsed: Duration,
+    /// Every driver call of the replay (`calls.total()`).
     pub driver_calls: u64,
+    /// The driver calls by kind.
+    pub calls: DriverCounters,
+    /// Σ calls × latency over the replay.
+    pub modelled_driver_s: f64,
+    /// Host time blocked waiting for the GPU over the replay.
+    pub modelled_stall_s: f64,
+    /// The GPU lag the replay modelled.
+    pub gpu_lag_ns: u64,
+    /// One entry per step (pass over the trace) that ran, the failing one included.
+    pub steps: Vec<StepStats>,
     pub series: Vec<Point>,
     /// Frees of ids the trace never allocated (skipped; importers seed what they can).
     pub unmatched_frees: usize,
@@ -115,7 +214,7 @@ impl SeriesBuilder {
 
     /// The figures after event `event` (events come in increasing order).
     #[inline]
-    pub(crate) fn push(&mut self, event: usize, requested: u64, reserved: u64) {
+    pub(crate) fn push(&mut self, event: usize, requested: u64, reserved: u64, driver_ns: u64) {
         if self.bucket == 0 {
             return;
         }
@@ -125,11 +224,13 @@ impl SeriesBuilder {
                 p.event = event;
                 p.requested = p.requested.max(requested);
                 p.reserved = p.reserved.max(reserved);
+                p.driver_ns = p.driver_ns.max(driver_ns);
             }
             _ => self.points.push(Point {
                 event,
                 requested,
                 reserved,
+                driver_ns,
             }),
         }
     }
@@ -146,7 +247,6 @@ struct Live {
     size: u64,
     /// Block bytes the arena gave (only known with `check`).
     block: u64,
-    site: u32,
 }
 
 /// The 64-bit word written at byte `off` of the allocation with id `id`.
@@ -189,126 +289,247 @@ fn check_pattern(id: u64, l: &Live, event: usize) -> Result<()> {
 /// How often (in events) `backing` verifies the pattern of every live allocation.
 const FULL_PATTERN_CHECK_EVERY: usize = 4096;
 
-/// Replay `trace`; `progress(done, total)` is called about every 1 % of the events and at the
-/// end. An OOM ends the replay and is reported in the result; `Err` is for settings that cannot be
-/// used, a device failure other than OOM, or (with `check`) a broken invariant.
-pub fn replay(
-    trace: &Trace,
-    opts: &ReplayOptions,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<ReplayResult> {
-    let mut sim = SimConfig::new(
-        opts.capacity,
-        opts.conf.sim_granularity_kb << 10,
-        opts.backing,
-    );
-    sim.vmm = opts.conf.sim_vmm;
-    let dev: Arc<dyn Device> = Arc::new(SimDevice::new(sim)?);
-    let arena = Arena::new(dev.clone(), &opts.conf)?;
-    let counters_before = dev.counters().total();
+/// An allocator a replay drives: the arena on a simulated device, or the native allocator's
+/// emulation. Handles are whatever the policy hands out (an address, a block index); a failed
+/// allocation for lack of memory is `Err(Error::OutOfMemory(message))`.
+pub trait Policy {
+    /// Allocate `size` (> 0) bytes on `stream` for the allocation `id` of event `event`.
+    fn malloc(&mut self, event: usize, id: u64, size: u64, stream: u64) -> Result<u64>;
+    /// Free `handle` (`size` requested bytes) on `stream`.
+    fn free(&mut self, event: usize, id: u64, handle: u64, size: u64, stream: u64) -> Result<()>;
+    /// Called after every event with the replay's own figures, for checks.
+    fn after_event(&mut self, _event: usize, _requested: u64, _live: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Reserved bytes now.
+    fn reserved(&self) -> u64;
+    /// Allocated (block) bytes now.
+    fn allocated(&self) -> u64;
+    /// The most reserved since the last call (or the start); starts a new peak.
+    fn take_peak_reserved(&mut self) -> u64;
+    /// Driver calls so far, by kind.
+    fn counters(&self) -> DriverCounters;
+    /// Host time blocked waiting for the GPU so far, in nanoseconds.
+    fn stall_ns(&self) -> u64;
+    /// The host clock is now `now_ns`: work due by then has finished.
+    fn advance_to(&mut self, now_ns: u64);
+    /// GPU work queued on `stream` before the free of `handle` uses its `size` bytes until
+    /// `due_ns` on the host clock.
+    fn gpu_use(&mut self, handle: u64, size: u64, stream: u64, due_ns: u64);
+}
 
-    let total = trace.events.len();
-    let step = (total / 100).max(1);
-    let mut live: HashMap<u64, Live> = HashMap::with_capacity(1024);
-    let mut series = SeriesBuilder::new(total, opts.series_points);
-    let (mut requested, mut peak_requested) = (0u64, 0u64);
-    let mut allocated = 0u64;
-    // Live allocations the arena holds (size 0 is NULL, not the arena's).
-    let mut in_arena = 0usize;
-    let mut unmatched_frees = 0usize;
-    let mut oom = None;
-    let start = Instant::now();
+/// One live allocation of the loop.
+#[derive(Clone, Copy)]
+struct Held {
+    handle: u64,
+    size: u64,
+    site: u32,
+}
+
+/// Which events later passes replay: the allocations the trace makes after its seeds and
+/// frees again, and those frees.
+fn repeatable(trace: &Trace) -> Vec<bool> {
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    let mut keep = vec![false; trace.events.len()];
     for (i, e) in trace.events.iter().enumerate() {
         match e.op {
             Op::Alloc => {
-                if e.size == 0 {
-                    // PyTorch hands out NULL for 0 bytes and never frees it.
-                    live.insert(
-                        e.id,
-                        Live {
-                            ptr: 0,
-                            size: 0,
-                            block: 0,
-                            site: e.site,
-                        },
-                    );
-                } else {
-                    match arena.malloc(e.size, e.stream) {
-                        Ok(ptr) => {
-                            let mut l = Live {
-                                ptr,
-                                size: e.size,
-                                block: 0,
-                                site: e.site,
-                            };
-                            if opts.check {
-                                l.block = arena.base_alloc(ptr)?.1;
-                                allocated += l.block;
-                            }
-                            if opts.backing {
-                                write_pattern(e.id, &l);
-                            }
-                            if live.insert(e.id, l).is_some() {
-                                return Err(Error::Trace(format!(
-                                    "{}: event {i} allocates id {} again while it is live",
-                                    trace.name, e.id
-                                )));
-                            }
-                            requested += e.size;
-                            in_arena += 1;
-                            peak_requested = peak_requested.max(requested);
-                        }
-                        Err(Error::OutOfMemory(message)) => {
-                            oom = Some(oom_report(
-                                trace, &arena, &live, i, e.size, e.stream, requested, message,
-                            ));
-                            break;
-                        }
-                        Err(other) => return Err(other),
-                    }
+                if i >= trace.seeded {
+                    at.insert(e.id, i);
                 }
             }
-            Op::Free => match live.remove(&e.id) {
-                None => unmatched_frees += 1,
-                Some(l) if l.ptr == 0 => {}
-                Some(l) => {
-                    if opts.backing {
-                        check_pattern(e.id, &l, i)?;
-                    }
-                    arena.free(l.ptr, Some(l.size), e.stream)?;
-                    requested -= l.size;
-                    allocated -= l.block;
-                    in_arena -= 1;
+            Op::Free => {
+                if let Some(a) = at.remove(&e.id) {
+                    keep[a] = true;
+                    keep[i] = true;
                 }
-            },
-        }
-        if opts.check {
-            let every = opts.consistency_every.max(1);
-            let walk = i % every == every - 1 || i + 1 == total;
-            check_event(trace, &arena, in_arena, i, requested, allocated, walk)?;
-            if opts.backing && i % FULL_PATTERN_CHECK_EVERY == FULL_PATTERN_CHECK_EVERY - 1 {
-                check_all_patterns(&live, i)?;
             }
-        }
-        if series.enabled() {
-            let reserved = arena.stats().reserved_bytes.all().current.max(0) as u64;
-            series.push(i, requested, reserved);
-        }
-        if i % step == step - 1 {
-            progress(i + 1, total);
         }
     }
-    if opts.backing {
-        check_all_patterns(&live, total)?;
+    keep
+}
+
+/// The host clock of a trace: its timestamps where it has them, else a fixed time per event.
+struct Clock {
+    stamped: bool,
+    per_event_ns: u64,
+    now_ns: u64,
+    last_us: Option<i64>,
+}
+
+impl Clock {
+    fn new(trace: &Trace, per_event_ns: u64) -> Clock {
+        Clock {
+            stamped: trace.events.iter().any(|e| e.time_us != 0),
+            per_event_ns,
+            now_ns: 0,
+            last_us: None,
+        }
+    }
+
+    /// Moves on to event `time_us`: by its distance from the previous stamped event of the same
+    /// pass (never backwards), or by one event's time. Events without a stamp (the seeded ones,
+    /// time 0) take one event's time, so the gap between seeds and an epoch-based first stamp
+    /// is not taken for a real one.
+    fn tick(&mut self, time_us: i64) -> u64 {
+        let stamp = (self.stamped && time_us != 0).then_some(time_us);
+        let step = match (self.last_us, stamp) {
+            (Some(last), Some(now)) => {
+                (now.saturating_sub(last).max(0) as u64).saturating_mul(1000)
+            }
+            _ => self.per_event_ns,
+        };
+        if stamp.is_some() {
+            self.last_us = stamp;
+        }
+        self.now_ns = self.now_ns.saturating_add(step);
+        self.now_ns
+    }
+
+    /// A new pass begins: its first event comes one event's time after the last.
+    fn new_pass(&mut self) {
+        self.last_us = None;
+    }
+}
+
+/// Replays `trace` through `policy` under `timing`. `progress(done, total)` is called about every
+/// 1 % of the events and at the end. An out-of-memory ends the replay and is reported in the
+/// result; `Err` is for a broken invariant or a failure other than out-of-memory.
+pub fn run(
+    trace: &Trace,
+    policy: &mut dyn Policy,
+    timing: &Timing,
+    series_points: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ReplayResult> {
+    let repeat = timing.repeat.max(1) as usize;
+    let keep = if repeat > 1 {
+        repeatable(trace)
+    } else {
+        Vec::new()
+    };
+    let per_pass = keep.iter().filter(|&&k| k).count();
+    let total = trace.events.len() + (repeat - 1) * per_pass;
+    let tick = (total / 100).max(1);
+    let mut live: HashMap<u64, Held> = HashMap::with_capacity(1024);
+    let mut series = SeriesBuilder::new(total, series_points);
+    let mut clock = Clock::new(trace, timing.event_clock_ns.max(1));
+    let lag = timing.gpu_lag_ns;
+    let mut requested = 0u64;
+    let mut unmatched_frees = 0usize;
+    let mut oom = None;
+    let mut steps = Vec::with_capacity(repeat);
+    let mut done = 0usize;
+    let start = Instant::now();
+    policy.take_peak_reserved();
+    // Calls made while the policy was set up (before the first event) are not the trace's.
+    let (calls_start, stall_start) = (policy.counters(), policy.stall_ns());
+    'passes: for pass in 0..repeat {
+        let calls_before = policy.counters();
+        let stall_before = policy.stall_ns();
+        let mut peak_requested = requested;
+        clock.new_pass();
+        for (i, e) in trace.events.iter().enumerate() {
+            if pass > 0 && !keep[i] {
+                continue;
+            }
+            let stall = policy.stall_ns();
+            let now = clock.tick(e.time_us);
+            if lag > 0 {
+                policy.advance_to(now);
+            }
+            match e.op {
+                Op::Alloc => {
+                    let handle = if e.size == 0 {
+                        // PyTorch hands out NULL for 0 bytes and never frees it.
+                        0
+                    } else {
+                        match policy.malloc(i, e.id, e.size, e.stream) {
+                            Ok(h) => h,
+                            Err(Error::OutOfMemory(message)) => {
+                                oom = Some(oom_report(
+                                    trace,
+                                    &*policy,
+                                    &live,
+                                    (i, pass as u32 + 1),
+                                    e.size,
+                                    e.stream,
+                                    requested,
+                                    message,
+                                ));
+                                steps.push(step_stats(
+                                    policy,
+                                    timing,
+                                    &calls_before,
+                                    stall_before,
+                                    peak_requested,
+                                ));
+                                break 'passes;
+                            }
+                            Err(other) => return Err(at_event(other, trace, i, pass)),
+                        }
+                    };
+                    let held = Held {
+                        handle,
+                        size: e.size,
+                        site: e.site,
+                    };
+                    if live.insert(e.id, held).is_some() {
+                        return Err(Error::Trace(format!(
+                            "{}: event {i} allocates id {} again while it is live",
+                            trace.name, e.id
+                        )));
+                    }
+                    requested += e.size;
+                    peak_requested = peak_requested.max(requested);
+                }
+                Op::Free => match live.remove(&e.id) {
+                    None => unmatched_frees += 1,
+                    Some(h) if h.size == 0 => {}
+                    Some(h) => {
+                        if lag > 0 {
+                            policy.gpu_use(h.handle, h.size, e.stream, now.saturating_add(lag));
+                        }
+                        policy
+                            .free(i, e.id, h.handle, h.size, e.stream)
+                            .map_err(|err| at_event(err, trace, i, pass))?;
+                        requested -= h.size;
+                    }
+                },
+            }
+            policy
+                .after_event(i, requested, live.len())
+                .map_err(|err| at_event(err, trace, i, pass))?;
+            // A stall moves the host clock on by the time it waited.
+            clock.now_ns = clock
+                .now_ns
+                .saturating_add(policy.stall_ns().saturating_sub(stall));
+            if series.enabled() {
+                let driver = timing.costs.seconds(&policy.counters().since(&calls_start));
+                series.push(done, requested, policy.reserved(), (driver * 1e9) as u64);
+            }
+            done += 1;
+            if done.is_multiple_of(tick) {
+                progress(done, total);
+            }
+        }
+        steps.push(step_stats(
+            policy,
+            timing,
+            &calls_before,
+            stall_before,
+            peak_requested,
+        ));
     }
     let elapsed = start.elapsed();
-    progress(oom.as_ref().map_or(total, |o: &OomReport| o.event), total);
-    let stats = arena.stats();
-    let peak_reserved = stats.reserved_bytes.all().peak.max(0) as u64;
+    progress(if oom.is_some() { done } else { total }, total);
+    let calls = policy.counters().since(&calls_start);
+    let peak_requested = steps.iter().map(|s| s.peak_requested).max().unwrap_or(0);
+    let peak_reserved = steps.iter().map(|s| s.peak_reserved).max().unwrap_or(0);
     Ok(ReplayResult {
         trace: trace.name.clone(),
-        conf: opts.conf_label.clone(),
-        events: total,
+        conf: String::new(),
+        events: done + usize::from(oom.is_some()),
         peak_requested,
         peak_reserved,
         fragmentation: if peak_requested == 0 {
@@ -319,16 +540,252 @@ pub fn replay(
         native_peak_reserved: trace.native.as_ref().map(|n| n.peak),
         oom,
         elapsed,
-        driver_calls: dev.counters().total() - counters_before,
+        driver_calls: calls.total(),
+        modelled_driver_s: timing.costs.seconds(&calls),
+        modelled_stall_s: policy.stall_ns().saturating_sub(stall_start) as f64 / 1e9,
+        calls,
+        gpu_lag_ns: lag,
+        steps,
         series: series.finish(),
         unmatched_frees,
         live_at_end: live.len(),
     })
 }
 
+/// An error of event `i` in pass `pass`, with the event named.
+fn at_event(err: Error, trace: &Trace, i: usize, pass: usize) -> Error {
+    match err {
+        Error::Trace(m) if m.contains("event ") => Error::Trace(m),
+        other => Error::Trace(format!(
+            "{}: event {i}{}: {other}",
+            trace.name,
+            if pass > 0 {
+                format!(" (step {})", pass + 1)
+            } else {
+                String::new()
+            }
+        )),
+    }
+}
+
+fn step_stats(
+    policy: &mut dyn Policy,
+    timing: &Timing,
+    calls_before: &DriverCounters,
+    stall_before: u64,
+    peak_requested: u64,
+) -> StepStats {
+    let calls = policy.counters().since(calls_before);
+    StepStats {
+        modelled_driver_s: timing.costs.seconds(&calls),
+        modelled_stall_s: policy.stall_ns().saturating_sub(stall_before) as f64 / 1e9,
+        calls,
+        peak_requested,
+        peak_reserved: policy.take_peak_reserved(),
+    }
+}
+
+/// The arena on a fresh simulated device: the [`Policy`] of [`replay`].
+pub struct ArenaPolicy {
+    arena: Arena,
+    sim: Arc<SimDevice>,
+    check: bool,
+    backing: bool,
+    consistency_every: usize,
+    /// With `backing` or `check`: id → what the arena handed out.
+    live: HashMap<u64, Live>,
+    /// Sum of live block sizes (with `check`).
+    allocated: u64,
+    /// Live allocations the arena holds (size 0 is NULL, not the arena's).
+    in_arena: usize,
+    trace: String,
+    /// The largest last event checked (for the last consistency walk).
+    last_event: usize,
+}
+
+impl ArenaPolicy {
+    /// A fresh arena under `opts` on a fresh simulated device of `opts.capacity` bytes.
+    pub fn new(opts: &ReplayOptions, trace: &Trace) -> Result<ArenaPolicy> {
+        let mut sim = SimConfig::new(
+            opts.capacity,
+            opts.conf.sim_granularity_kb << 10,
+            opts.backing,
+        );
+        sim.vmm = opts.conf.sim_vmm;
+        let sim = Arc::new(SimDevice::new(sim)?);
+        let dev: Arc<dyn Device> = sim.clone();
+        let arena = Arena::new(dev, &opts.conf)?;
+        Ok(ArenaPolicy {
+            arena,
+            sim,
+            check: opts.check,
+            backing: opts.backing,
+            consistency_every: opts.consistency_every.max(1),
+            live: HashMap::new(),
+            allocated: 0,
+            in_arena: 0,
+            trace: trace.name.clone(),
+            last_event: trace.events.len().saturating_sub(1),
+        })
+    }
+
+    /// The simulated device under the arena.
+    pub fn device(&self) -> &SimDevice {
+        &self.sim
+    }
+
+    /// The arena.
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    /// With `backing`, every live allocation still holds its pattern.
+    fn check_all_patterns(&self, event: usize) -> Result<()> {
+        for (&id, l) in &self.live {
+            check_pattern(id, l, event)?;
+        }
+        Ok(())
+    }
+}
+
+impl Policy for ArenaPolicy {
+    fn malloc(&mut self, _event: usize, id: u64, size: u64, stream: u64) -> Result<u64> {
+        let ptr = self.arena.malloc(size, stream)?;
+        self.in_arena += 1;
+        if self.check || self.backing {
+            let mut l = Live {
+                ptr,
+                size,
+                block: 0,
+            };
+            if self.check {
+                l.block = self.arena.base_alloc(ptr)?.1;
+                self.allocated += l.block;
+                // With a GPU lag, a block must not be handed out while another stream's work
+                // may still use it (invariant 2).
+                let busy: Vec<String> = self
+                    .sim
+                    .busy_overlapping(ptr, size)
+                    .into_iter()
+                    .filter(|&(s, _, _)| s != stream)
+                    .map(|(s, p, n)| format!("stream {s} may still use {p:#x}+{n}"))
+                    .collect();
+                if !busy.is_empty() {
+                    return Err(Error::Trace(format!(
+                        "replay check failed: {size} bytes at {ptr:#x} handed out on stream \
+                         {stream} while {}",
+                        busy.join(", ")
+                    )));
+                }
+            }
+            if self.backing {
+                write_pattern(id, &l);
+            }
+            self.live.insert(id, l);
+        }
+        Ok(ptr)
+    }
+
+    fn free(&mut self, event: usize, id: u64, ptr: u64, size: u64, stream: u64) -> Result<()> {
+        if let Some(l) = self.live.remove(&id) {
+            if self.backing {
+                check_pattern(id, &l, event)?;
+            }
+            self.allocated -= l.block;
+        }
+        self.arena.free(ptr, Some(size), stream)?;
+        self.in_arena -= 1;
+        Ok(())
+    }
+
+    fn after_event(&mut self, i: usize, requested: u64, _live: usize) -> Result<()> {
+        if !self.check {
+            return Ok(());
+        }
+        let every = self.consistency_every;
+        let walk = i % every == every - 1 || i == self.last_event;
+        check_event(
+            &self.trace,
+            &self.arena,
+            self.in_arena,
+            i,
+            requested,
+            self.allocated,
+            walk,
+        )?;
+        let violations = self.sim.violations();
+        if let Some(v) = violations.first() {
+            return Err(Error::Trace(format!(
+                "{}: replay check failed after event {i}: the simulated GPU saw {} \
+                 stream-safety violation(s), the first: {v}",
+                self.trace,
+                violations.len()
+            )));
+        }
+        if self.backing && i % FULL_PATTERN_CHECK_EVERY == FULL_PATTERN_CHECK_EVERY - 1 {
+            self.check_all_patterns(i)?;
+        }
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        self.arena.stats().reserved_bytes.all().current.max(0) as u64
+    }
+
+    fn allocated(&self) -> u64 {
+        self.arena.stats().allocated_bytes.all().current.max(0) as u64
+    }
+
+    fn take_peak_reserved(&mut self) -> u64 {
+        let peak = self.arena.stats().reserved_bytes.all().peak.max(0) as u64;
+        self.arena.reset_peak_stats();
+        peak
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.sim.counters()
+    }
+
+    fn stall_ns(&self) -> u64 {
+        self.sim.stall_ns()
+    }
+
+    fn advance_to(&mut self, now_ns: u64) {
+        self.sim.advance_to(now_ns);
+    }
+
+    fn gpu_use(&mut self, ptr: u64, size: u64, stream: u64, due_ns: u64) {
+        self.sim.launch_until(stream, ptr, size, due_ns);
+    }
+}
+
+/// Replay `trace` through the arena on a simulated device; `progress(done, total)` is called
+/// about every 1 % of the events and at the end. An OOM ends the replay and is reported in the
+/// result; `Err` is for settings that cannot be used, a device failure other than OOM, or (with
+/// `check`) a broken invariant.
+pub fn replay(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ReplayResult> {
+    let mut policy = ArenaPolicy::new(opts, trace)?;
+    let mut r = run(
+        trace,
+        &mut policy,
+        &opts.timing,
+        opts.series_points,
+        progress,
+    )?;
+    if opts.backing {
+        policy.check_all_patterns(trace.events.len())?;
+    }
+    r.conf = opts.conf_label.clone();
+    Ok(r)
+}
+
 /// `check`: the arena's figures equal the replay's own, and its internal state is consistent.
 fn check_event(
-    trace: &Trace,
+    trace: &str,
     arena: &Arena,
     count: usize,
     i: usize,
@@ -356,7 +813,7 @@ fn check_event(
             return Err(Error::Trace(format!(
                 "{}: replay check failed after event {i}: {what}.all.current is {got}, the live \
                  allocations sum to {want}",
-                trace.name
+                trace
             )));
         }
     }
@@ -366,34 +823,24 @@ fn check_event(
     arena.check_consistency().map_err(|m| {
         Error::Trace(format!(
             "{}: replay check failed after event {i}: {m}",
-            trace.name
+            trace
         ))
     })
-}
-
-fn check_all_patterns(live: &HashMap<u64, Live>, event: usize) -> Result<()> {
-    for (&id, l) in live {
-        if l.ptr != 0 {
-            check_pattern(id, l, event)?;
-        }
-    }
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
 fn oom_report(
     trace: &Trace,
-    arena: &Arena,
-    live: &HashMap<u64, Live>,
-    event: usize,
+    policy: &dyn Policy,
+    live: &HashMap<u64, Held>,
+    (event, step): (usize, u32),
     size: u64,
     stream: u64,
     live_bytes: u64,
     message: String,
 ) -> OomReport {
-    let s = arena.stats();
-    let reserved = s.reserved_bytes.all().current.max(0) as u64;
-    let allocated = s.allocated_bytes.all().current.max(0) as u64;
+    let reserved = policy.reserved();
+    let allocated = policy.allocated();
     let mut largest: Vec<(u64, u32)> = live.values().map(|l| (l.size, l.site)).collect();
     let n = largest.len().min(5);
     if n > 0 {
@@ -403,6 +850,7 @@ fn oom_report(
     largest.sort_by_key(|l| std::cmp::Reverse(l.0));
     OomReport {
         event,
+        step,
         size,
         stream,
         live_bytes,
@@ -421,5 +869,53 @@ fn oom_report(
                 (size, text)
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{Event, Kind, Source};
+
+    fn stamped(times: &[i64]) -> Trace {
+        Trace {
+            name: "t".into(),
+            source: Source::Synthetic,
+            kind: Kind::Partial,
+            device: 0,
+            seeded: 1,
+            events: times
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Event {
+                    op: Op::Alloc,
+                    id: i as u64,
+                    size: 1,
+                    stream: 0,
+                    time_us: t,
+                    site: 0,
+                })
+                .collect(),
+            sites: vec![],
+            native: None,
+        }
+    }
+
+    #[test]
+    fn the_clock_follows_stamps_and_never_jumps_from_a_seed() {
+        let base = 1_700_000_000_000_000; // µs since the epoch, as PyTorch stamps
+        let t = stamped(&[0, base, base + 100, base + 50, base + 250]);
+        let mut c = Clock::new(&t, 10_000);
+        let ticks: Vec<u64> = t.events.iter().map(|e| c.tick(e.time_us)).collect();
+        // The seed and the first stamp take one event's time; then the stamps' distances, and
+        // a stamp that goes back takes none.
+        assert_eq!(ticks, [10_000, 20_000, 120_000, 120_000, 320_000]);
+        c.new_pass();
+        assert_eq!(c.tick(base), 330_000);
+        // Without stamps: one event's time each.
+        let t = stamped(&[0, 0, 0]);
+        let mut c = Clock::new(&t, 7);
+        let ticks: Vec<u64> = t.events.iter().map(|e| c.tick(e.time_us)).collect();
+        assert_eq!(ticks, [7, 14, 21]);
     }
 }

@@ -429,12 +429,13 @@ impl Sites {
         }
     }
 
-    /// The site of a trace entry's top frame ("file:line in name"), 0 if it has none.
+    /// The site of a trace entry ("file:line in name" of the frame [`super::frames`] picks:
+    /// the user's Python frame, not the unwinder or the allocator), 0 if it has none.
     fn top_frame(&mut self, e: &Value) -> u32 {
         let Some(f) = e
             .get("frames")
             .and_then(Value::as_seq)
-            .and_then(|f| f.first())
+            .and_then(super::frames::site_frame)
         else {
             return 0;
         };

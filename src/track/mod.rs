@@ -9,8 +9,8 @@
 //! Per live allocation an [`Entry`]: block size (rounded as the arena rounds), requested size,
 //! stream, thread (a small per-thread number from a thread-local), sequence number (a global
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
-//! clock with the resolution of a kernel tick), step, tag (the innermost tag of a process-wide
-//! stack, interned) and site (0 when not captured). The live table is per device and sharded by
+//! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
+//! thread's stack, interned) and site (0 when not captured). The live table is per device and sharded by
 //! pointer into [`SHARDS`] maps, each behind its own `parking_lot::Mutex`, with a multiplicative
 //! hasher: threads freeing different pointers rarely meet on a lock. Per-site live bytes and
 //! counts (for leak judgement) are touched only for allocations that have a site.
@@ -41,6 +41,10 @@
 //! reserved bytes changed across that malloc or free (`addr` = the allocation's address for a
 //! map, 0 for an unmap; `size` = the change). Reserved bytes change elsewhere too (`empty_cache`,
 //! idle-page release): those changes are not in the ring.
+//! Entries are stamped at microsecond resolution ([`Tracker::precise_us`]; the live table keeps
+//! the coarse clock). `free_requested` / `free_completed` carry the free's own site (its stack,
+//! captured at the free, for allocations whose site was captured, while capture is on), else
+//! the allocation's.
 
 pub mod json;
 pub mod leaks;
@@ -236,12 +240,12 @@ struct SiteSettings {
     min_bytes: AtomicU64,
 }
 
-/// Interned tags: id - 1 indexes `names`.
+/// Interned tags: id - 1 indexes `names`. The stacks of pushed tags are per thread
+/// ([`TAG_STACK`]).
 #[derive(Default)]
 struct Tags {
     ids: HashMap<String, u32>,
     names: Vec<String>,
-    stack: Vec<u32>,
 }
 
 thread_local! {
@@ -249,8 +253,14 @@ thread_local! {
     static THREAD: Cell<u32> = const { Cell::new(0) };
     /// Allocations this thread has seen while sampling sites (for `sites_every`).
     static SAMPLE: Cell<u64> = const { Cell::new(0) };
+    /// This thread's pushed tags, innermost last, each with the id of the tracker it was
+    /// pushed on (tests build many trackers in one process; a tracker sees only its own).
+    /// Per thread, so two threads' blocks never swap labels; an allocation made on a thread
+    /// with no tag pushed (an autograd worker) carries none.
+    static TAG_STACK: std::cell::RefCell<Vec<(u64, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+static NEXT_TRACKER: AtomicU64 = AtomicU64::new(1);
 
 /// A small number for the calling thread (1, 2, ...; 0 while the thread is being torn down).
 #[inline]
@@ -288,7 +298,8 @@ pub struct Tracker {
     seq: AtomicU64,
     /// Serialises [`Tracker::step`] so boundaries are recorded in order.
     step_lock: Mutex<()>,
-    current_tag: AtomicU32,
+    /// This tracker's key in each thread's tag stack ([`TAG_STACK`]).
+    id: u64,
     tags: Mutex<Tags>,
     settings: SiteSettings,
     interner: Interner,
@@ -342,7 +353,7 @@ impl Tracker {
             step: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             step_lock: Mutex::new(()),
-            current_tag: AtomicU32::new(0),
+            id: NEXT_TRACKER.fetch_add(1, Ordering::Relaxed),
             tags: Mutex::new(Tags::default()),
             settings: SiteSettings {
                 mode: AtomicU8::new(0),
@@ -390,6 +401,18 @@ impl Tracker {
         coarse_us().saturating_sub(self.epoch_us)
     }
 
+    /// Microseconds since the tracker started, at microsecond resolution (`CLOCK_MONOTONIC`:
+    /// the history ring's clock, read only while it records).
+    pub fn precise_us(&self) -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC exists on every Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        (ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000).saturating_sub(self.epoch_us)
+    }
+
     // ----- steps and tags ---------------------------------------------------------------------
 
     /// Advance the step; record every site's live bytes at this boundary. Returns the new step.
@@ -413,31 +436,55 @@ impl Tracker {
         self.step.load(Ordering::SeqCst)
     }
 
-    /// Push `tag`: new allocations carry it until it is popped.
+    /// Push `tag` on the calling thread's stack: this thread's new allocations carry it until
+    /// it is popped.
     pub fn tag_push(&self, tag: &str) {
-        let mut t = self.tags.lock();
-        let id = match t.ids.get(tag) {
-            Some(&id) => id,
-            None => {
-                t.names.push(tag.to_string());
-                let id = t.names.len() as u32;
-                t.ids.insert(tag.to_string(), id);
-                id
+        let id = {
+            let mut t = self.tags.lock();
+            match t.ids.get(tag) {
+                Some(&id) => id,
+                None => {
+                    t.names.push(tag.to_string());
+                    let id = t.names.len() as u32;
+                    t.ids.insert(tag.to_string(), id);
+                    id
+                }
             }
         };
-        t.stack.push(id);
-        self.current_tag.store(id, Ordering::SeqCst);
+        let me = self.id;
+        let _ = TAG_STACK.try_with(|s| s.borrow_mut().push((me, id)));
     }
 
-    /// Pop the innermost tag; false when the stack is empty.
+    /// Pop the calling thread's innermost tag; false when its stack is empty.
     pub fn tag_pop(&self) -> bool {
-        let mut t = self.tags.lock();
-        if t.stack.pop().is_none() {
-            return false;
-        }
-        self.current_tag
-            .store(t.stack.last().copied().unwrap_or(0), Ordering::SeqCst);
-        true
+        let me = self.id;
+        TAG_STACK
+            .try_with(|s| {
+                let mut s = s.borrow_mut();
+                match s.iter().rposition(|&(t, _)| t == me) {
+                    Some(i) => {
+                        s.remove(i);
+                        true
+                    }
+                    None => false,
+                }
+            })
+            .unwrap_or(false)
+    }
+
+    /// The calling thread's innermost tag (0: none).
+    #[inline]
+    fn current_tag(&self) -> u32 {
+        let me = self.id;
+        TAG_STACK
+            .try_with(|s| {
+                s.borrow()
+                    .iter()
+                    .rev()
+                    .find(|&&(t, _)| t == me)
+                    .map_or(0, |&(_, id)| id)
+            })
+            .unwrap_or(0)
     }
 
     /// The name of tag `id` (None for 0).
@@ -497,6 +544,11 @@ impl Tracker {
                 return 0;
             }
         }
+        self.capture_now(mode)
+    }
+
+    /// The calling thread's stack as a site, under `mode`, with no sampling.
+    fn capture_now(&self, mode: u8) -> u32 {
         let mut frames = Vec::new();
         if mode & SITES_NATIVE != 0 {
             sites::capture_native(&mut frames);
@@ -558,7 +610,7 @@ impl Tracker {
             time_us,
             step: self.step.load(Ordering::Relaxed),
             thread: thread_number(),
-            tag: self.current_tag.load(Ordering::Relaxed),
+            tag: self.current_tag(),
             site,
             recorded: false,
         };
@@ -568,6 +620,8 @@ impl Tracker {
         }
         if let Some((before, after)) = reserved {
             let after = after();
+            // The history's clock has microsecond resolution (the live table's is coarse).
+            let time_us = self.precise_us();
             let mut h = Vec::with_capacity(2);
             if after > before {
                 h.push(HistEntry {
@@ -628,14 +682,25 @@ impl Tracker {
         }
         if let Some((before, after)) = reserved {
             let after = after();
-            let time_us = self.now_us();
+            let time_us = self.precise_us();
+            // The free's own stack for an allocation whose site was captured (its sampling
+            // decision stands for the free; no lock of ours is held here, so taking the GIL is
+            // allowed), else the allocation's.
+            let mode = self.settings.mode.load(Ordering::Relaxed);
+            let site = match (e.site, mode) {
+                (0, _) | (_, 0) => e.site,
+                _ => match self.capture_now(mode) {
+                    0 => e.site,
+                    s => s,
+                },
+            };
             let base = HistEntry {
                 action: Action::FreeRequested,
                 addr: ptr,
                 size: e.size,
                 stream,
                 time_us,
-                site: e.site,
+                site,
                 pending: false,
             };
             let mut h = vec![
@@ -835,38 +900,52 @@ impl Tracker {
 
     /// Growing sites of `device` after `warmup` steps (see [`leaks`]), strongest first.
     pub fn growing(&self, device: i32, warmup: u64) -> Vec<(u32, leaks::Growth)> {
-        let Some(d) = self.device_if_open(device) else {
-            return Vec::new();
-        };
-        let (_, series) = self.series(d, warmup);
-        let mut out: Vec<(u32, leaks::Growth)> = series
-            .iter()
-            .filter_map(|(&site, s)| leaks::judge(s).map(|g| (site, g)))
-            .collect();
-        out.sort_by(|a, b| {
-            b.1.bytes_per_step
-                .total_cmp(&a.1.bytes_per_step)
-                .then(a.0.cmp(&b.0))
-        });
-        out
+        self.judged(device, warmup).growing
     }
 
-    /// `torch_arena_leaks_json`: growing sites after `warmup`, and (with `age_steps` > 0) live
-    /// allocations at least that many steps old.
+    /// Every site of `device` judged over the boundaries at or after `warmup`.
+    fn judged(&self, device: i32, warmup: u64) -> Judged {
+        let Some(d) = self.device_if_open(device) else {
+            return Judged::default();
+        };
+        let (steps, series) = self.series(d, warmup);
+        let mut j = Judged {
+            boundaries: steps.len() as u64,
+            observed: match (steps.first(), steps.last()) {
+                (Some(a), Some(b)) => b - a,
+                _ => 0,
+            },
+            ..Judged::default()
+        };
+        for (&site, s) in &series {
+            match leaks::verdict(s) {
+                Some(leaks::Verdict::Growing(g)) => j.growing.push((site, g)),
+                Some(leaks::Verdict::Plateaued(g)) => j.plateaued.push((site, g)),
+                None => {}
+            }
+        }
+        for v in [&mut j.growing, &mut j.plateaued] {
+            v.sort_by(|a, b| {
+                b.1.bytes_per_step
+                    .total_cmp(&a.1.bytes_per_step)
+                    .then(a.0.cmp(&b.0))
+            });
+        }
+        j
+    }
+
+    /// `torch_arena_leaks_json`: growing sites after `warmup`, plateaued ones (grew, then
+    /// stayed flat: not leaks), and (with `age_steps` > 0) live allocations at least that many
+    /// steps old.
     pub fn leaks_json(&self, device: i32, warmup: u64, age_steps: u64) -> String {
         let now = self.current_step();
-        let d = self.device_if_open(device);
-        let observed = d
-            .map(|d| {
-                let (steps, _) = self.series(d, warmup);
-                match (steps.first(), steps.last()) {
-                    (Some(a), Some(b)) => b - a,
-                    _ => 0,
-                }
-            })
-            .unwrap_or(0);
-        let growing = self.growing(device, warmup);
-        let live = if growing.is_empty() && age_steps == 0 {
+        let Judged {
+            growing,
+            plateaued,
+            boundaries,
+            observed,
+        } = self.judged(device, warmup);
+        let live = if growing.is_empty() && plateaued.is_empty() && age_steps == 0 {
             Vec::new()
         } else {
             self.live(device)
@@ -875,7 +954,7 @@ impl Tracker {
         let _ = write!(
             out,
             "{{\"device\":{device},\"step\":{now},\"warmup\":{warmup},\"steps_observed\":{observed},\
-             \"growing\":["
+             \"boundaries\":{boundaries},\"growing\":["
         );
         for (i, (site, g)) in growing.iter().enumerate() {
             if i > 0 {
@@ -887,12 +966,9 @@ impl Tracker {
                 mine.iter().map(|(_, e)| e.size).sum::<u64>(),
                 mine.len() as u64,
             );
-            let first_step = mine
-                .iter()
-                .map(|(_, e)| e.step)
-                .filter(|&s| s >= warmup)
-                .min()
-                .unwrap_or(g.from_step);
+            // Since when it grows: where its live bytes last stood lowest, not the birth step
+            // of its oldest live allocation.
+            let first_step = g.from_step;
             let newest: Vec<&&(DevPtr, Entry)> = mine.iter().rev().take(EXAMPLES).collect();
             let _ = write!(out, "{{\"site\":{site},\"frames\":");
             self.frames_json(*site, &mut out);
@@ -924,6 +1000,27 @@ impl Tracker {
                 self.tag_json(*t, &mut out);
             }
             out.push_str("]}");
+        }
+        out.push_str("],\"plateaued\":[");
+        for (i, (site, g)) in plateaued.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let (live_bytes, live_count) = live
+                .iter()
+                .filter(|(_, e)| e.site == *site)
+                .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1));
+            let _ = write!(out, "{{\"site\":{site},\"frames\":");
+            self.frames_json(*site, &mut out);
+            let _ = write!(
+                out,
+                ",\"bytes_per_step\":{},\"count_per_step\":{},\"first_step\":{},\
+                 \"until_step\":{},\"live_bytes\":{live_bytes},\"live_count\":{live_count}}}",
+                json::float(g.bytes_per_step),
+                json::float(g.count_per_step),
+                g.from_step,
+                g.high_step,
+            );
         }
         out.push_str("],\"old\":[");
         let old: Vec<&(DevPtr, Entry)> = if age_steps == 0 {
@@ -984,6 +1081,17 @@ impl Tracker {
         out.push('}');
         out
     }
+}
+
+/// Sites judged over one window of boundaries.
+#[derive(Default)]
+struct Judged {
+    growing: Vec<(u32, leaks::Growth)>,
+    plateaued: Vec<(u32, leaks::Growth)>,
+    /// Boundaries at or after the warmup.
+    boundaries: u64,
+    /// Steps between the first and the last of them.
+    observed: u64,
 }
 
 fn join(v: impl Iterator<Item = u64>) -> String {

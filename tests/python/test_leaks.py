@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch_arena
 from conftest import run_python
-from torch_arena import _native
+from torch_arena import _capture, _native
 from torch_arena.leaks import format_size, parse_size, site_location
 from torch_arena.testing import DeviceBuffer
 
@@ -35,11 +35,11 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def sites():
     """Python site capture for the test (the suite's configuration has none)."""
-    _native.set_sites("python", 1, 0)
+    _capture.set_capture("python", 1, 0)
     try:
         yield
     finally:
-        _native.set_sites("none", 1, 0)
+        _capture.restore()
 
 
 @pytest.fixture(autouse=True)
@@ -221,10 +221,10 @@ def test_no_leaks_ignores_growth_freed_before_the_block_ends(sites):
     assert check.report["growing"] == [] and check.report["freed_since_last_step"]
 
 
-def test_no_leaks_without_steps_judges_what_the_block_left_live():
+def test_no_leaks_steps_false_judges_what_the_block_left_live():
     kept = []
     with pytest.raises(torch_arena.LeakError) as info:
-        with torch_arena.no_leaks(limit="1 MB"):
+        with torch_arena.no_leaks(limit="1 MB", steps=False):
             kept.append(DeviceBuffer(2 * MiB))  # left live
             scratch = DeviceBuffer(8 * MiB)  # freed in the block
             del scratch
@@ -234,7 +234,7 @@ def test_no_leaks_without_steps_judges_what_the_block_left_live():
     assert "test_leaks.py" in text
     kept.clear()
 
-    with torch_arena.no_leaks(limit="1 MB"):
+    with torch_arena.no_leaks(limit="1 MB", steps=False):
         scratch = DeviceBuffer(64 * MiB)
         small = DeviceBuffer(512 << 10)  # under the limit
         del scratch
@@ -251,7 +251,7 @@ def test_no_leaks_needs_more_steps_than_warmup():
 def test_no_leaks_lets_the_blocks_exception_through_unchecked():
     kept = []
     with pytest.raises(KeyError):
-        with torch_arena.no_leaks(limit=0):
+        with torch_arena.no_leaks(limit=0, steps=False):
             kept.append(DeviceBuffer(MiB))
             raise KeyError("boom")
     kept.clear()

@@ -5,10 +5,11 @@ import gc
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch_arena
-from torch_arena import _native
+from torch_arena import _capture, _native
 from torch_arena.testing import DeviceBuffer
 
 pytestmark = pytest.mark.skipif(
@@ -22,12 +23,12 @@ SIZES = [512, 4096, 100_000, MiB, 3 * MiB, 24 * MiB]
 @pytest.fixture
 def buffers():
     gc.collect()  # earlier tests' garbage must not be freed while the live set is compared
-    _native.set_sites("python", 1, 0)
+    _capture.set_capture("python", 1, 0)
     bufs = [DeviceBuffer(n) for n in SIZES]  # the allocating line
     try:
         yield bufs
     finally:
-        _native.set_sites("none", 1, 0)
+        _capture.restore()
         for b in bufs:
             b.free()
 
@@ -135,3 +136,29 @@ def test_memory_snapshot_is_the_segments(buffers):
     from torch_arena.snapshots import memory_snapshot
 
     assert active_blocks({"segments": memory_snapshot()}) == active_blocks(torch_arena.snapshot())
+
+
+def _line_of(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    (n,) = [i for i, t in enumerate(lines, 1) if t.rstrip().endswith(f"# {marker}")]
+    return n
+
+
+def test_free_events_carry_their_own_stack_and_microsecond_times():
+    torch_arena.record_memory_history(enabled="all", context="all", stacks="python")
+    try:
+        bufs = [DeviceBuffer(64 << 10) for _ in range(50)]  # ALLOC HERE
+        ptr = bufs[0].ptr
+        bufs.clear()  # FREE HERE
+        trace = torch_arena.snapshot()["device_traces"][0]
+    finally:
+        torch_arena.record_memory_history(enabled=None)
+    alloc = next(e for e in trace if e["action"] == "alloc" and e["addr"] == ptr)
+    free = next(e for e in trace if e["action"] == "free_requested" and e["addr"] == ptr)
+    mine = [f for f in free["frames"] if f["filename"].endswith("test_snapshot.py")]
+    assert mine and mine[0]["line"] == _line_of("FREE HERE"), free["frames"]
+    assert any(f["line"] == _line_of("ALLOC HERE") for f in alloc["frames"])
+    assert free["time_us"] >= alloc["time_us"]
+    # Microsecond resolution: a kernel-tick clock would put every stamp on a multiple of 1000.
+    times = [e["time_us"] for e in trace]
+    assert any(t % 1000 for t in times), times

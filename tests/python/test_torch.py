@@ -635,3 +635,36 @@ def test_pool_mode_routes_a_block_through_the_arena():
     assert r["arena"] >= 2 << 20  # the segment torch-arena supplied
     assert r["native"] >= 4 << 20  # native stats still count the tensor
     assert r["value"] == float(1 << 20)
+
+
+def test_statistics_before_cuda_starts_answer_as_pytorch_does_without_a_driver():
+    # No CUDA driver here: under TORCH_ARENA=1 (device cuda) PyTorch's own functions would
+    # return 0 / {} before CUDA initialises; ours must too, with no error line per call.
+    proc = run(
+        """
+        import json, torch
+        out = dict(
+            allocated=[torch.cuda.memory_allocated() for _ in range(3)],
+            max_allocated=torch.cuda.max_memory_allocated(),
+            reserved=torch.cuda.memory_reserved(),
+            max_reserved=torch.cuda.max_memory_reserved(),
+            stats=dict(torch.cuda.memory_stats()),
+            nested=torch.cuda.memory_stats_as_nested_dict(),
+            stats_type=type(torch.cuda.memory_stats()).__name__,
+        )
+        print("RESULT " + json.dumps(out), flush=True)
+        """,
+        STATE,
+        "state()",
+        TORCH_ARENA="1",
+        TORCH_ARENA_CONF="",
+    )
+    r = result(proc)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA driver is present: this checks the driverless case")
+    r0 = json.loads(proc.stdout.splitlines()[0][len("RESULT ") :])
+    assert r0["allocated"] == [0, 0, 0]
+    assert r0["max_allocated"] == r0["reserved"] == r0["max_reserved"] == 0
+    assert r0["stats"] == {} and r0["nested"] == {} and r0["stats_type"] == "OrderedDict"
+    assert r["enabled"] and r["patched"]
+    assert "error" not in proc.stderr.lower(), proc.stderr

@@ -1,0 +1,323 @@
+//! `torch-arena demo`: the built-in demo trace replayed beside the native emulation, with a
+//! reading, and `demo --model`: the modelled training loop run through the arena.
+
+use crate::*;
+
+pub(crate) const DEMO_OPTIONS: &[&str] = &[
+    "--model",
+    "--steps",
+    "--conf",
+    "--capacity",
+    "--repeat",
+    "--gpu-lag",
+    "--driver-costs",
+    "--plot",
+    "--progress",
+    "--no-progress",
+    "--help",
+];
+
+pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
+    let mut cur = ArgCursor::new(args, "demo", DEMO_SYNOPSIS, DEMO_OPTIONS);
+    let mut model = false;
+    let mut steps: Option<u32> = None;
+    let mut conf: Option<String> = None;
+    let mut capacity: Option<u64> = None;
+    let mut plot_file: Option<String> = None;
+    let mut progress = None;
+    let mut timing: Vec<(String, String)> = Vec::new();
+    while let Some(item) = cur.next_item() {
+        let (name, inline) = match item {
+            Item::Positional(p) => {
+                return Err(format!(
+                    "demo: unexpected argument '{p}' (to replay a trace of your own: torch-arena replay {p})\n{DEMO_SYNOPSIS}"
+                ));
+            }
+            Item::Opt(n, v) => (n, v),
+        };
+        match name.as_str() {
+            "--model" => {
+                cur.flag(&name, inline)?;
+                model = true;
+            }
+            "--progress" | "--no-progress" => {
+                cur.flag(&name, inline)?;
+                progress = Some(name == "--progress");
+            }
+            "--steps" => {
+                let v = cur.value(&name, inline)?;
+                steps = Some(
+                    v.parse()
+                        .map_err(|_| format!("--steps: '{v}' is not a whole number"))?,
+                );
+            }
+            "--conf" => conf = Some(cur.value(&name, inline)?),
+            "--capacity" => capacity = Some(parse_capacity(&cur.value(&name, inline)?)?),
+            "--plot" => plot_file = Some(cur.value(&name, inline)?),
+            "--repeat" | "--gpu-lag" | "--driver-costs" => {
+                let v = cur.value(&name, inline)?;
+                timing.push((name, v));
+            }
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(0);
+            }
+            _ => return Err(cur.unknown(&name)),
+        }
+    }
+    if model || steps.is_some() {
+        if capacity.is_some() || plot_file.is_some() || !timing.is_empty() {
+            return Err(
+                "demo --model runs the loop itself: --capacity, --plot, --repeat, --gpu-lag and \
+                 --driver-costs are for the trace replay (for the model, set the capacity with \
+                 --conf device:sim,sim_capacity_mb:N)"
+                    .into(),
+            );
+        }
+        return model_demo(steps.unwrap_or(8), conf.as_deref().unwrap_or("device:sim"));
+    }
+    let mut s = ReplaySettings::new(progress);
+    s.native = true;
+    s.capacity = capacity.unwrap_or(DEFAULT_CAPACITY);
+    // Three passes by default, so the table shows a warm step beside the first.
+    s.timing.repeat = DEMO_REPEAT;
+    for (name, v) in &timing {
+        s.timing_option(name, v)?;
+    }
+    s.plot = plot_file;
+    s.add_conf(conf.as_deref().unwrap_or(""))?;
+    s.check_plot()?;
+    let from_env = std::env::var_os("TORCH_ARENA_DEMO_TRACE").filter(|p| !p.is_empty());
+    let arg = match &from_env {
+        Some(p) => {
+            let path = PathBuf::from(p);
+            if !path.is_file() {
+                return Err(format!(
+                    "demo: TORCH_ARENA_DEMO_TRACE names '{}', which does not exist.\n  \
+                     Unset it to replay the trace built into torch-arena, make one from a source \
+                     checkout with: scripts/make-demo-trace\n  \
+                     (it records `torch-arena demo --model --steps 12` through the trace:PATH \
+                     recorder),\n  or run the modelled loop directly: torch-arena demo --model",
+                    path.display()
+                ));
+            }
+            TraceArg::File(path)
+        }
+        None => TraceArg::Embedded(DEMO_TRACE, DEMO_TRACE_NAME),
+    };
+    let path = PathBuf::from(arg.text());
+    let o = replay_trace(&s, &arg)?;
+    let intro = if from_env.is_some() {
+        format!(
+            "torch-arena demo: replaying {} (from TORCH_ARENA_DEMO_TRACE), {} allocation events, \
+             on a simulated {} GPU, beside PyTorch's native caching allocator emulated on the same \
+             events.",
+            path.display(),
+            fmt_count(o.info.events as u64),
+            fmt_bytes(s.capacity)
+        )
+    } else {
+        format!(
+            "torch-arena demo: replaying the demo trace built into torch-arena ({DEMO_TRACE_REL}), \
+             12 training steps of a GPT-style model \
+             (12 layers of width 768, batch 8, a sequence length that changes every step, Adam) \
+             recorded through the plugin's trace recorder: {} allocations and frees, on a \
+             simulated {} GPU, beside PyTorch's native caching allocator emulated on the same \
+             events.",
+            fmt_count(o.info.events as u64),
+            fmt_bytes(s.capacity)
+        )
+    };
+    println!("{}", wrap(&intro, 96));
+    println!();
+    print_outcome(&s, &o);
+    if let Some(Ok(r)) = o.runs.first().map(|r| &r.outcome) {
+        println!("torch-arena in memory_summary terms:");
+        let rows = [
+            ("Requested memory, peak", fmt_bytes(r.peak_requested)),
+            ("GPU reserved memory, peak", fmt_bytes(r.peak_reserved)),
+            (
+                "Reserved beyond requested, at the peaks",
+                fmt_bytes(r.peak_reserved.saturating_sub(r.peak_requested)),
+            ),
+            (
+                "Driver calls (page create, map, unmap, release)",
+                fmt_count(r.driver_calls),
+            ),
+            (
+                "Modelled driver time (A100 latencies), host stall",
+                format!(
+                    "{}, {}",
+                    fmt_secs(r.modelled_driver_s),
+                    fmt_secs(r.modelled_stall_s)
+                ),
+            ),
+            (
+                "Memory driver calls per step, steady state",
+                steady_calls(&r.steps),
+            ),
+            (
+                "  the same for native (emulated)",
+                o.emulated
+                    .as_ref()
+                    .map_or_else(|| "–".into(), |e| steady_calls(&e.result.steps)),
+            ),
+            (
+                "Replay time",
+                format!(
+                    "{:.3} s ({} per event)",
+                    r.elapsed.as_secs_f64(),
+                    fmt_ns(r.elapsed.as_nanos() as f64 / r.events.max(1) as f64)
+                ),
+            ),
+        ];
+        for (k, v) in rows {
+            println!("  {k:<50} {v:>22}");
+        }
+        println!();
+        println!("{}", wrap(&demo_reading(&s, &o, r), 96));
+    }
+    if let Some(p) = &s.plot {
+        let file = plot_path_for(p, &o.info.name);
+        write_plot(&file, &[panel(&s, &o)])?;
+    }
+    Ok(if o.runs.iter().any(|r| r.outcome.is_err()) {
+        1
+    } else if o.arena_oom() {
+        EXIT_OOM
+    } else {
+        0
+    })
+}
+
+/// Memory driver calls of the last step, and its modelled driver time.
+pub(crate) fn steady_calls(steps: &[StepStats]) -> String {
+    steps.last().map_or_else(
+        || "–".into(),
+        |z| {
+            format!(
+                "{} ({}, step {})",
+                fmt_count(z.calls.memory_calls()),
+                fmt_secs(z.modelled_driver_s),
+                steps.len()
+            )
+        },
+    )
+}
+
+/// A paragraph that reads the demo's table for a person.
+pub(crate) fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> String {
+    let nbb = |b| nb(fmt_bytes(b));
+    let nbf = |f| nb(fmt_frag(f));
+    let nbc = |n| nb(fmt_count(n));
+    let req = r.peak_requested;
+    let mut t = format!(
+        "Reading: at its peak the run had {} of tensors live. ",
+        nbb(req)
+    );
+    if let Some(oom) = &r.oom {
+        t += &format!(
+            "torch-arena ran out of memory at event {} on this {} GPU (the report above says \
+             what was live and cached). ",
+            nbc(oom.event as u64),
+            nbb(s.capacity)
+        );
+    } else {
+        t += &format!(
+            "torch-arena reserved {}, {} more than that. ",
+            nbb(r.peak_reserved),
+            nbf(r.fragmentation)
+        );
+    }
+    if let Some(e) = &o.emulated {
+        let nat = e.result.peak_reserved;
+        if let Some(n) = e.result.oom_event {
+            t += &format!(
+                "PyTorch's native allocator, emulated on the same events, ran out of memory at \
+                 event {} on this {} GPU. ",
+                nbc(n as u64),
+                nbb(s.capacity)
+            );
+        } else if r.oom.is_none() {
+            let ours = r.peak_reserved;
+            let (diff, word) = if ours <= nat {
+                (nat - ours, "less")
+            } else {
+                (ours - nat, "more")
+            };
+            t += &format!(
+                "PyTorch's native allocator, emulated on the same events, would reserve {} ({} \
+                 more than requested): torch-arena needs {} {word} ({:.1}\u{a0}% of the native \
+                 figure). ",
+                nbb(nat),
+                nbf(fragmentation(nat, req)),
+                nbb(diff),
+                100.0 * diff as f64 / nat.max(1) as f64
+            );
+        }
+    }
+    t += "Driver calls count the simulated page creations, maps and unmaps: on a GPU each costs \
+          tens of microseconds, so fewer is better. Times per event are the allocators' host \
+          bookkeeping on the simulated device, not GPU time.";
+    t
+}
+
+/// `torch-arena demo --model`: the modelled training loop, run through the arena directly.
+pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
+    let conf = Config::parse(conf_text).map_err(|e| format!("--conf: {e}"))?;
+    if conf.device != DeviceKind::Sim {
+        return Err("demo runs on the simulated GPU: use --conf device:sim,...".into());
+    }
+    let arena = TorchArena::new(conf.clone());
+    println!("torch-arena demo: a transformer training loop modelled on a simulated GPU ({conf})");
+    println!();
+    println!(
+        " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op  \
+         | mem calls | driver time"
+    );
+    let started = Instant::now();
+    let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
+    let costs = DriverCosts::default();
+    let counters = || -> CliResult<DriverCounters> {
+        Ok(arena
+            .arena(0)
+            .map_err(|e| e.to_string())?
+            .device()
+            .counters())
+    };
+    for step in 1..=steps {
+        let t = Instant::now();
+        let before = counters()?;
+        let ops = workload.step(step).map_err(|e| e.to_string())?;
+        let calls = counters()?.since(&before);
+        let s = arena.stats(0).map_err(|e| e.to_string())?;
+        let frag =
+            1.0 - s.requested_bytes.all().peak as f64 / s.reserved_bytes.all().peak.max(1) as f64;
+        println!(
+            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11}",
+            s.allocation.all().current,
+            mib(s.allocated_bytes.all().current),
+            mib(s.allocated_bytes.all().peak),
+            mib(s.reserved_bytes.all().current),
+            mib(s.reserved_bytes.all().peak),
+            frag * 100.0,
+            t.elapsed().as_nanos() / ops.max(1) as u128,
+            fmt_count(calls.memory_calls()),
+            fmt_secs(costs.seconds(&calls)),
+        );
+    }
+    println!();
+    println!(
+        "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
+         reserve); driver time: all its calls priced at the A100 latencies (BENCHMARKS.md). A \
+         warm native allocator makes no memory call in a step that repeats its shapes."
+    );
+    println!();
+    print!("{}", arena.summary(0, false).map_err(|e| e.to_string())?);
+    println!("{steps} steps in {:.2} s", started.elapsed().as_secs_f64());
+    Ok(0)
+}
+
+pub(crate) fn mib(bytes: i64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}

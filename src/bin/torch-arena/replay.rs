@@ -1,0 +1,1082 @@
+//! `torch-arena replay`: settings, one trace under every setting (and the native emulation),
+//! tables, JSON lines and plot panels. `demo` reuses all of it.
+
+use crate::*;
+
+/// The settings of one `replay` (or the `demo` replay).
+pub(crate) struct ReplaySettings {
+    pub(crate) capacity: u64,
+    /// Each setting of the sweep: (the text as written, "" = defaults; the parsed settings).
+    pub(crate) confs: Vec<(String, Config)>,
+    pub(crate) native: bool,
+    pub(crate) backing: bool,
+    pub(crate) check: bool,
+    pub(crate) json: bool,
+    pub(crate) plot: Option<String>,
+    pub(crate) progress: bool,
+    /// Steps, GPU lag, driver costs (`--repeat`, `--gpu-lag`, `--driver-costs`).
+    pub(crate) timing: Timing,
+    /// `--live[=N]`: the N largest sites of what is live at the peak, or at the first
+    /// out-of-memory (0 = not shown).
+    pub(crate) live: usize,
+}
+
+impl ReplaySettings {
+    pub(crate) fn new(progress: Option<bool>) -> Self {
+        ReplaySettings {
+            capacity: DEFAULT_CAPACITY,
+            confs: Vec::new(),
+            native: false,
+            backing: false,
+            check: false,
+            json: false,
+            plot: None,
+            progress: progress.unwrap_or_else(stderr_is_terminal),
+            timing: Timing {
+                gpu_lag_ns: DEFAULT_GPU_LAG_NS,
+                ..Timing::default()
+            },
+            live: 0,
+        }
+    }
+
+    /// `--repeat N`, `--gpu-lag DURATION` or `--driver-costs FILE`.
+    pub(crate) fn timing_option(&mut self, name: &str, value: &str) -> CliResult<()> {
+        match name {
+            "--repeat" => {
+                let n = parse_count("--repeat", value)?;
+                if !(1..=1_000_000).contains(&n) {
+                    return Err(format!(
+                        "--repeat: '{value}' must be from 1 to 1000000 (passes over the trace)"
+                    ));
+                }
+                self.timing.repeat = n as u32;
+            }
+            "--gpu-lag" => self.timing.gpu_lag_ns = parse_duration("--gpu-lag", value)?,
+            _ => self.timing.costs = DriverCosts::load(Path::new(value))?,
+        }
+        Ok(())
+    }
+
+    /// The timing of a run under `conf`: the costs file of its `driver_costs` key, if any.
+    pub(crate) fn timing_for(&self, conf: &Config) -> CliResult<Timing> {
+        let mut t = self.timing.clone();
+        if let Some(path) = &conf.driver_costs {
+            t.costs = DriverCosts::load(Path::new(path))?;
+        }
+        Ok(t)
+    }
+
+    /// Parse one `--conf`; `sim_capacity_mb` is refused (replay sets it from `--capacity`).
+    pub(crate) fn add_conf(&mut self, text: &str) -> CliResult<()> {
+        let conf = Config::parse(text).map_err(|e| format!("--conf '{text}': {e}"))?;
+        if conf.sim_capacity_mb != Config::default().sim_capacity_mb {
+            return Err(format!(
+                "--conf '{text}': sim_capacity_mb is set by --capacity in a replay; \
+                 give --capacity {}MiB instead",
+                conf.sim_capacity_mb
+            ));
+        }
+        self.confs.push((text.trim().to_string(), conf));
+        Ok(())
+    }
+
+    /// The settings a replay runs with: device sim, the capacity, backing if asked.
+    pub(crate) fn effective(&self, conf: &Config) -> Config {
+        let mut c = conf.clone();
+        c.device = DeviceKind::Sim;
+        c.sim_capacity_mb = self.capacity.div_ceil(1 << 20);
+        c.sim_backing |= self.backing;
+        c
+    }
+
+    /// Check the plot file name before any work: its extension, and that its folder exists.
+    pub(crate) fn check_plot(&self) -> CliResult<()> {
+        let Some(p) = &self.plot else { return Ok(()) };
+        let path = PathBuf::from(p.replace("{trace}", "x"));
+        plot::Format::from_path(&path).map_err(|e| format!("--plot: {e}"))?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(format!(
+                "--plot '{p}': the folder '{}' does not exist",
+                dir.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn conf_name(label: &str) -> &str {
+    if label.is_empty() { "defaults" } else { label }
+}
+
+/// What the report needs of a trace once it is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct TraceInfo {
+    pub(crate) name: String,
+    /// The argument as given (path or synthetic spec).
+    pub(crate) path: String,
+    pub(crate) source: Source,
+    pub(crate) kind: Kind,
+    pub(crate) device: i32,
+    pub(crate) events: usize,
+    pub(crate) seeded: usize,
+    pub(crate) peak_requested: u64,
+    /// The native allocator's peak reserved, as the trace recorded it.
+    pub(crate) native_recorded: Option<u64>,
+    /// The native allocator's segment allocations and frees the trace recorded, at least (a
+    /// segment event per allocator event is kept; several between two events count once), as
+    /// driver calls: cudaMalloc as `cuMemAlloc`, cudaFree as `cuMemFree`.
+    pub(crate) native_recorded_calls: Option<DriverCounters>,
+}
+
+/// The native allocator's recorded segment events as driver calls (see
+/// `TraceInfo::native_recorded_calls`); `None` when the trace has none.
+pub(crate) fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
+    let n = trace.native.as_ref().filter(|n| !n.changes.is_empty())?;
+    let mut c = DriverCounters::default();
+    let mut prev = n.initial;
+    for &(_, bytes) in &n.changes {
+        if bytes > prev {
+            c.mem_alloc += 1;
+        } else if bytes < prev {
+            c.mem_free += 1;
+        }
+        prev = bytes;
+    }
+    Some(c)
+}
+
+/// The native allocator emulated on a trace.
+#[derive(Clone, Debug)]
+pub(crate) struct Emulated {
+    /// The emulation's result (its replay figures through `Deref`).
+    pub(crate) result: NativeResult,
+    pub(crate) elapsed: Duration,
+    /// Size and stream of the event that ran out of memory.
+    pub(crate) oom_request: Option<(u64, u64)>,
+    /// Peak requested bytes over the events it ran (up to an out-of-memory).
+    pub(crate) peak_requested: u64,
+}
+
+/// One replay of a trace under one setting.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) label: String,
+    pub(crate) effective: Config,
+    pub(crate) outcome: Result<ReplayResult, String>,
+}
+
+/// Everything done to one trace.
+#[derive(Clone, Debug)]
+pub(crate) struct TraceOutcome {
+    pub(crate) info: TraceInfo,
+    pub(crate) recorded_series: Option<Vec<Point>>,
+    pub(crate) emulated: Option<Emulated>,
+    pub(crate) runs: Vec<Run>,
+    /// With `--live`: what was live, by site, at the peak or where the arena ran out (the first
+    /// setting that did), and which of the two.
+    pub(crate) live: Option<(LiveSet, String)>,
+}
+
+impl TraceOutcome {
+    pub(crate) fn arena_oom(&self) -> bool {
+        self.runs
+            .iter()
+            .any(|r| matches!(&r.outcome, Ok(res) if res.oom.is_some()))
+    }
+}
+
+/// Load (or generate) one trace and replay it under every setting.
+pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<TraceOutcome> {
+    let name = arg.name();
+    let verb = match arg {
+        TraceArg::File(_) | TraceArg::Embedded(..) => "loading",
+        TraceArg::Synth(..) => "generating",
+    };
+    let trace = with_spinner(s.progress, verb, &name, || arg.load())?;
+    let info = TraceInfo {
+        name: name.clone(),
+        path: arg.text(),
+        source: trace.source,
+        kind: trace.kind,
+        device: trace.device,
+        events: trace.events.len(),
+        seeded: trace.seeded,
+        peak_requested: trace.peak_requested(),
+        native_recorded: trace.native.as_ref().map(|n| n.peak),
+        native_recorded_calls: recorded_calls(&trace),
+    };
+    let points = if s.plot.is_some() { PLOT_POINTS } else { 0 };
+    let recorded_series = if points > 0 && trace.native.is_some() {
+        native::recorded_series(&trace, points)
+    } else {
+        None
+    };
+    let emulated = if s.native {
+        // Under the settings the trace was recorded with, where it says (snapshots of torch ≥ 2.5).
+        let recorded = trace.native.as_ref();
+        let opts = NativeOptions {
+            max_split_size: recorded.and_then(|n| n.max_split_size),
+            expandable_segments: recorded.is_some_and(|n| n.expandable_segments),
+            series_points: points,
+            ..NativeOptions::new(s.capacity)
+        };
+        let start = Instant::now();
+        let mut bar = ProgressBar::new(s.progress, format!("{name} [native, emulated]"));
+        let result = native::simulate_timed(&trace, &opts, &s.timing, &mut |d, t| bar.update(d, t))
+            .map_err(|e| format!("{name}: the native emulation failed: {e}"))?;
+        drop(bar);
+        let elapsed = start.elapsed();
+        let oom_request = result
+            .oom_event
+            .and_then(|i| trace.events.get(i))
+            .map(|e| (e.size, e.stream));
+        Some(Emulated {
+            peak_requested: result.peak_requested,
+            result,
+            elapsed,
+            oom_request,
+        })
+    } else {
+        None
+    };
+    let runs = s
+        .confs
+        .iter()
+        .map(|(label, conf)| {
+            let effective = s.effective(conf);
+            let timing = match s.timing_for(conf) {
+                Ok(t) => t,
+                Err(e) => {
+                    return Run {
+                        label: label.clone(),
+                        effective,
+                        outcome: Err(format!("{name}: --conf '{label}': {e}")),
+                    };
+                }
+            };
+            let opts = ReplayOptions {
+                capacity: s.capacity,
+                conf: effective.clone(),
+                conf_label: label.clone(),
+                backing: effective.sim_backing,
+                check: s.check,
+                consistency_every: 1,
+                series_points: points,
+                timing,
+            };
+            let bar_label = if s.confs.len() > 1 {
+                format!("{name} [{}]", conf_name(label))
+            } else {
+                name.clone()
+            };
+            let mut bar = ProgressBar::new(s.progress, bar_label);
+            let outcome =
+                lib_replay::replay(&trace, &opts, &mut |done, total| bar.update(done, total))
+                    .map_err(|e| format!("{name}: replay with --conf '{label}' failed: {e}"));
+            drop(bar);
+            Run {
+                label: label.clone(),
+                effective,
+                outcome,
+            }
+        })
+        .collect::<Vec<Run>>();
+    let live = if s.live > 0 {
+        let oom = runs.iter().find_map(|r| match &r.outcome {
+            Ok(res) => res.oom.as_ref().map(|o| (o.event, r.label.clone())),
+            Err(_) => None,
+        });
+        let (at, what) = match oom {
+            Some((event, label)) => (
+                live::At::Before(event),
+                format!(
+                    "at the out-of-memory of event {event} ({})",
+                    conf_name(&label)
+                ),
+            ),
+            None => (live::At::Peak, "at the peak of requested bytes".to_string()),
+        };
+        Some((
+            live::live_at(&trace, at).map_err(|e| format!("{name}: --live: {e}"))?,
+            what,
+        ))
+    } else {
+        None
+    };
+    Ok(TraceOutcome {
+        info,
+        recorded_series,
+        emulated,
+        runs,
+        live,
+    })
+}
+
+/// The table of one trace, the out-of-memory reports and notes on the trace's kind.
+pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
+    let i = &o.info;
+    let seeded = if i.seeded > 0 {
+        format!(
+            " ({} seeding what was live before it began)",
+            fmt_count(i.seeded as u64)
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{}: {}, {} trace, {} events{seeded}, device {}; simulated GPU of {}",
+        i.name,
+        source_name(i.source),
+        i.kind.as_str(),
+        fmt_count(i.events as u64),
+        i.device,
+        fmt_bytes(s.capacity)
+    );
+    println!("  {}", timing_line(&s.timing));
+    let mut rows = vec![
+        [
+            "allocator",
+            "peak requested",
+            "peak reserved",
+            "fragmentation",
+            "events",
+            "host time/event",
+            "driver calls",
+            "driver time",
+            "stall",
+            "",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let dash = || "–".to_string();
+    if let Some(peak) = i.native_recorded {
+        let calls = i.native_recorded_calls;
+        rows.push(vec![
+            "native (recorded, one step)".into(),
+            fmt_bytes(i.peak_requested),
+            fmt_bytes(peak),
+            fmt_frag(fragmentation(peak, i.peak_requested)),
+            fmt_count(i.events as u64),
+            dash(),
+            calls.map_or_else(dash, |c| format!("≥ {}", fmt_count(c.total()))),
+            calls.map_or_else(dash, |c| fmt_secs(s.timing.costs.seconds(&c))),
+            dash(),
+            String::new(),
+        ]);
+    }
+    let oom_note = |o: Option<&OomReport>| {
+        o.map(|o| {
+            let step = if s.timing.repeat > 1 {
+                format!(" of step {}", o.step)
+            } else {
+                String::new()
+            };
+            format!("OOM at event {}{step}", fmt_count(o.event as u64))
+        })
+        .unwrap_or_default()
+    };
+    if let Some(e) = &o.emulated {
+        let r = &e.result;
+        rows.push(vec![
+            "native (emulated)".into(),
+            fmt_bytes(r.peak_requested),
+            fmt_bytes(r.peak_reserved),
+            fmt_frag(fragmentation(r.peak_reserved, r.peak_requested)),
+            fmt_count(r.events as u64),
+            fmt_ns(e.elapsed.as_nanos() as f64 / r.events.max(1) as f64),
+            fmt_count(r.driver_calls),
+            fmt_secs(r.modelled_driver_s),
+            fmt_secs(r.modelled_stall_s),
+            oom_note(r.oom.as_ref()),
+        ]);
+    }
+    for run in &o.runs {
+        let label = format!("arena ({})", conf_name(&run.label));
+        rows.push(match &run.outcome {
+            Ok(r) => vec![
+                label,
+                fmt_bytes(r.peak_requested),
+                fmt_bytes(r.peak_reserved),
+                fmt_frag(r.fragmentation),
+                fmt_count(r.events as u64),
+                fmt_ns(r.elapsed.as_nanos() as f64 / r.events.max(1) as f64),
+                fmt_count(r.driver_calls),
+                fmt_secs(r.modelled_driver_s),
+                fmt_secs(r.modelled_stall_s),
+                oom_note(r.oom.as_ref()),
+            ],
+            Err(_) => {
+                let mut row = vec![label];
+                row.extend((0..8).map(|_| dash()));
+                row.push("failed (see the error below)".into());
+                row
+            }
+        });
+    }
+    print_table(&rows);
+    if s.timing.repeat > 1 {
+        print_steady_state(o);
+    }
+    if let Some(e) = &o.emulated
+        && let Some(n) = e.result.oom_event
+    {
+        let what = e
+            .oom_request
+            .map(|(size, stream)| format!(": allocating {} on stream {stream}", fmt_bytes(size)))
+            .unwrap_or_default();
+        println!();
+        println!(
+            "  native (emulated) ran out of memory at event {} of {}{what}",
+            fmt_count(n as u64),
+            fmt_count(i.events as u64)
+        );
+    }
+    for run in &o.runs {
+        match &run.outcome {
+            Ok(r) => {
+                if let Some(oom) = &r.oom {
+                    println!();
+                    print_oom(&format!("arena ({})", conf_name(&run.label)), i, oom);
+                }
+            }
+            Err(e) => eprintln!("torch-arena: {e}"),
+        }
+    }
+    let note = match i.kind {
+        Kind::Fresh => None,
+        Kind::Partial => Some(
+            "partial trace: some memory was reserved before recording began; the seeded \
+             events allocate what was live then",
+        ),
+        Kind::Warm => Some(
+            "warm trace: no segment events, so the native figure is what PyTorch had reserved \
+             before the window began (partly inherited from earlier phases of the run)",
+        ),
+        Kind::StateOnly => {
+            Some("state-only snapshot: replayed as the allocation of the blocks live at dump time")
+        }
+    };
+    if let Some(n) = note {
+        println!();
+        for line in wrap(&format!("note: {n}"), 94).lines() {
+            println!("  {line}");
+        }
+    }
+    println!();
+}
+
+/// The settings of the timing model, in one line.
+pub(crate) fn timing_line(t: &Timing) -> String {
+    format!(
+        "{} step{} of the trace; GPU lag {}; driver calls priced at {}",
+        t.repeat,
+        if t.repeat == 1 { "" } else { "s" },
+        fmt_secs(t.gpu_lag_ns as f64 / 1e9),
+        t.costs.source
+    )
+}
+
+/// Per allocator: memory driver calls and modelled driver time in the last step, beside the first.
+pub(crate) fn print_steady_state(o: &TraceOutcome) {
+    let mut rows = vec![
+        [
+            "allocator",
+            "step 1: memory calls",
+            "step 1: driver time",
+            "last step: memory calls",
+            "last step: driver time",
+            "last step: stall",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    let mut row = |label: String, steps: &[StepStats]| {
+        if let (Some(a), Some(z)) = (steps.first(), steps.last()) {
+            rows.push(vec![
+                label,
+                fmt_count(a.calls.memory_calls()),
+                fmt_secs(a.modelled_driver_s),
+                fmt_count(z.calls.memory_calls()),
+                fmt_secs(z.modelled_driver_s),
+                fmt_secs(z.modelled_stall_s),
+            ]);
+        }
+    };
+    if let Some(e) = &o.emulated {
+        row("native (emulated)".into(), &e.result.steps);
+    }
+    for run in &o.runs {
+        if let Ok(r) = &run.outcome {
+            row(format!("arena ({})", conf_name(&run.label)), &r.steps);
+        }
+    }
+    println!();
+    println!(
+        "  steady state (memory calls: create, map, set access, unmap, release, reserve, alloc, free):"
+    );
+    print_table(&rows);
+}
+
+/// The report of an arena out-of-memory: the failing request, what was live, what was cached.
+pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) {
+    println!(
+        "  {who} ran out of memory at event {} of {}: allocating {} on stream {}",
+        fmt_count(o.event as u64),
+        fmt_count(i.events as u64),
+        fmt_bytes(o.size),
+        o.stream
+    );
+    println!(
+        "    live:     {} in {} allocations",
+        fmt_bytes(o.live_bytes),
+        fmt_count(o.live_count)
+    );
+    println!(
+        "    reserved: {}, of which cached (reserved, not allocated): {}",
+        fmt_bytes(o.reserved),
+        fmt_bytes(o.cached)
+    );
+    if !o.largest_live.is_empty() {
+        println!("    largest live allocations:");
+        for (bytes, site) in &o.largest_live {
+            let site = if site.is_empty() {
+                "(unknown site)"
+            } else {
+                site
+            };
+            println!("      {:>12}  {site}", fmt_bytes(*bytes));
+        }
+    }
+    let mut lines = o.message.lines();
+    if let Some(first) = lines.next() {
+        println!("    arena: {first}");
+        for l in lines {
+            println!("           {l}");
+        }
+    }
+}
+
+/// One JSON object per setting of the trace (see the field list in the report of `--json`).
+pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
+    let i = &o.info;
+    o.runs
+        .iter()
+        .map(|run| {
+            let mut j = JsonObject::new();
+            if let Some((set, what)) = &o.live {
+                j.raw("live", &live::to_json(set, s.live))
+                    .str("live_at", what);
+            }
+            j.str("trace", &i.name)
+                .str("path", &i.path)
+                .str("source", &source_key(i.source))
+                .str("kind", i.kind.as_str())
+                .raw("device", &i.device.to_string())
+                .num("events", i.events as u64)
+                .num("seeded_events", i.seeded as u64)
+                .num("capacity_bytes", s.capacity)
+                .str("conf", &run.label)
+                .str("conf_effective", &run.effective.to_string())
+                .bool("backing", run.effective.sim_backing)
+                .bool("check", s.check);
+            match &run.outcome {
+                Ok(r) => {
+                    j.num("events_replayed", r.events as u64)
+                        .num("peak_requested_bytes", r.peak_requested)
+                        .num("peak_reserved_bytes", r.peak_reserved)
+                        .opt_num(
+                            "native_peak_reserved_bytes",
+                            r.native_peak_reserved.or(i.native_recorded),
+                        )
+                        .float("fragmentation", r.fragmentation)
+                        .opt_num("oom_event", r.oom.as_ref().map(|o| o.event as u64))
+                        .raw(
+                            "oom",
+                            &r.oom
+                                .as_ref()
+                                .map(oom_json)
+                                .unwrap_or_else(|| "null".into()),
+                        );
+                }
+                Err(_) => {
+                    j.raw("events_replayed", "null")
+                        .raw("peak_requested_bytes", "null")
+                        .raw("peak_reserved_bytes", "null")
+                        .opt_num("native_peak_reserved_bytes", i.native_recorded)
+                        .raw("fragmentation", "null")
+                        .raw("oom_event", "null")
+                        .raw("oom", "null");
+                }
+            }
+            let em = o.emulated.as_ref();
+            j.opt_num(
+                "native_emulated_peak_reserved_bytes",
+                em.map(|e| e.result.peak_reserved),
+            )
+            .opt_num(
+                "native_emulated_oom_event",
+                em.and_then(|e| e.result.oom_event.map(|n| n as u64)),
+            )
+            .opt_float(
+                "native_emulated_fragmentation",
+                em.map(|e| fragmentation(e.result.peak_reserved, e.peak_requested)),
+            )
+            .opt_float(
+                "native_emulated_elapsed_s",
+                em.map(|e| e.elapsed.as_secs_f64()),
+            );
+            match &run.outcome {
+                Ok(r) => {
+                    let secs = r.elapsed.as_secs_f64();
+                    j.float("elapsed_s", secs)
+                        .float("ns_per_event", secs * 1e9 / r.events.max(1) as f64)
+                        .float(
+                            "events_per_s",
+                            if secs > 0.0 {
+                                r.events as f64 / secs
+                            } else {
+                                f64::NAN
+                            },
+                        )
+                        .num("driver_calls", r.driver_calls)
+                        .raw("driver_calls_by_kind", &calls_json(&r.calls))
+                        .float("modelled_driver_s", r.modelled_driver_s)
+                        .float("modelled_stall_s", r.modelled_stall_s)
+                        .raw("steps", &steps_json(&r.steps));
+                }
+                Err(_) => {
+                    j.raw("elapsed_s", "null")
+                        .raw("ns_per_event", "null")
+                        .raw("events_per_s", "null")
+                        .raw("driver_calls", "null")
+                        .raw("driver_calls_by_kind", "null")
+                        .raw("modelled_driver_s", "null")
+                        .raw("modelled_stall_s", "null")
+                        .raw("steps", "null");
+                }
+            }
+            let t = &s.timing;
+            j.float("gpu_lag_us", t.gpu_lag_ns as f64 / 1e3)
+                .num("repeat", u64::from(t.repeat))
+                .str("driver_costs", &t.costs.source);
+            // The native allocator's calls: emulated where it ran, else the recorded segment
+            // events (one step: the trace's own).
+            let recorded = i.native_recorded_calls;
+            let native_calls = em.map(|e| e.result.calls).or(recorded);
+            j.opt_num("native_driver_calls", native_calls.map(|c| c.total()))
+                .raw(
+                    "native_driver_calls_by_kind",
+                    &native_calls.map_or_else(|| "null".into(), |c| calls_json(&c)),
+                )
+                .opt_float(
+                    "native_modelled_driver_s",
+                    em.map(|e| e.result.modelled_driver_s)
+                        .or(recorded.map(|c| t.costs.seconds(&c))),
+                )
+                .opt_float(
+                    "native_modelled_stall_s",
+                    em.map(|e| e.result.modelled_stall_s),
+                )
+                .str(
+                    "native_driver_calls_from",
+                    match (em, recorded) {
+                        (Some(_), _) => "emulated",
+                        (None, Some(_)) => "recorded",
+                        (None, None) => "",
+                    },
+                )
+                .raw(
+                    "native_steps",
+                    &em.map_or_else(|| "null".into(), |e| steps_json(&e.result.steps)),
+                );
+            match &run.outcome {
+                Ok(_) => j.raw("error", "null"),
+                Err(e) => j.str("error", e),
+            };
+            j.finish()
+        })
+        .collect()
+}
+
+/// The JSON line of a trace that could not be loaded.
+pub(crate) fn json_load_error(arg: &TraceArg, error: &str) -> String {
+    JsonObject::new()
+        .str("trace", &arg.name())
+        .str("path", &arg.text())
+        .str("error", error)
+        .finish()
+}
+
+/// The plot panel of one trace: requested bytes once, then each allocator's reserved bytes.
+pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
+    let i = &o.info;
+    let pts = |p: &[Point], reserved: bool| -> Vec<(u64, u64)> {
+        p.iter()
+            .map(|p| {
+                (
+                    p.event as u64,
+                    if reserved { p.reserved } else { p.requested },
+                )
+            })
+            .collect()
+    };
+    let mut lines = Vec::new();
+    let requested = o
+        .runs
+        .iter()
+        .filter_map(|r| r.outcome.as_ref().ok())
+        .map(|r| &r.series)
+        .chain(o.emulated.as_ref().map(|e| &e.result.series))
+        .chain(o.recorded_series.as_ref())
+        .find(|s| !s.is_empty());
+    if let Some(series) = requested {
+        lines.push(Line {
+            label: "requested".into(),
+            style: Style::Requested,
+            points: pts(series, false),
+        });
+    }
+    if let Some(series) = &o.recorded_series {
+        lines.push(Line {
+            label: "native (recorded) reserved".into(),
+            style: Style::NativeRecorded,
+            points: pts(series, true),
+        });
+    }
+    if let Some(e) = &o.emulated {
+        lines.push(Line {
+            label: "native (emulated) reserved".into(),
+            style: Style::NativeEmulated,
+            points: pts(&e.result.series, true),
+        });
+    }
+    for (n, run) in o.runs.iter().enumerate() {
+        if let Ok(r) = &run.outcome {
+            lines.push(Line {
+                label: format!("arena ({}) reserved", conf_name(&run.label)),
+                style: Style::Arena(n),
+                points: pts(&r.series, true),
+            });
+        }
+    }
+    // Out-of-memory markers, at the position of the failing event in the replay (which counts
+    // every step's events).
+    let mut marks = Vec::new();
+    let mut times = Vec::new();
+    let mut subtitle = Vec::new();
+    let time_points = |p: &[Point]| -> Vec<(u64, f64)> {
+        p.iter()
+            .map(|p| (p.event as u64, p.driver_ns as f64 / 1e9))
+            .collect()
+    };
+    if let Some(e) = &o.emulated {
+        let r = &e.result;
+        if r.oom.is_some() {
+            marks.push(Mark {
+                event: r.events.saturating_sub(1) as u64,
+                label: "OOM: native (emulated)".into(),
+                style: Style::NativeEmulated,
+            });
+        }
+        if !r.series.is_empty() {
+            times.push(TimeLine {
+                label: "driver time, native (emulated)".into(),
+                style: Style::NativeEmulated,
+                points: time_points(&r.series),
+            });
+        }
+        subtitle.push(format!(
+            "native (emulated) {}",
+            fmt_secs(r.modelled_driver_s)
+        ));
+    }
+    for (n, run) in o.runs.iter().enumerate() {
+        if let Ok(r) = &run.outcome {
+            let who = format!("arena ({})", conf_name(&run.label));
+            if r.oom.is_some() {
+                marks.push(Mark {
+                    event: r.events.saturating_sub(1) as u64,
+                    label: format!("OOM: {who}"),
+                    style: Style::Arena(n),
+                });
+            }
+            if !r.series.is_empty() {
+                times.push(TimeLine {
+                    label: format!("driver time, {who}"),
+                    style: Style::Arena(n),
+                    points: time_points(&r.series),
+                });
+            }
+            subtitle.push(format!("{who} {}", fmt_secs(r.modelled_driver_s)));
+        }
+    }
+    let t = &s.timing;
+    let subtitle = format!(
+        "modelled driver time: {}; {} step{}, GPU lag {}",
+        if subtitle.is_empty() {
+            "–".to_string()
+        } else {
+            subtitle.join(", ")
+        },
+        t.repeat,
+        if t.repeat == 1 { "" } else { "s" },
+        fmt_secs(t.gpu_lag_ns as f64 / 1e9)
+    );
+    Panel {
+        title: format!(
+            "{}: {} {}, {} events, GPU {}",
+            i.name,
+            i.kind.as_str(),
+            source_name(i.source),
+            fmt_count(i.events as u64),
+            fmt_bytes(s.capacity)
+        ),
+        subtitle,
+        events: i.events as u64,
+        lines,
+        capacity: Some(s.capacity),
+        seeded: i.seeded as u64,
+        marks,
+        times,
+    }
+}
+
+/// One row of the overview chart of a sweep: ours (the first setting) against native (emulated
+/// where it ran, else recorded).
+pub(crate) fn overview_row(o: &TraceOutcome) -> OverviewRow {
+    let i = &o.info;
+    let ours = o.runs.first().and_then(|r| r.outcome.as_ref().ok());
+    let em = o.emulated.as_ref().map(|e| &e.result);
+    let native_reserved = em.map(|r| r.peak_reserved).or(i.native_recorded);
+    let native_driver = em.map(|r| r.modelled_driver_s).or(i
+        .native_recorded_calls
+        .map(|c| DriverCosts::default().seconds(&c)));
+    let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+    let mut note = Vec::new();
+    if ours.is_some_and(|r| r.oom.is_some()) {
+        note.push("OOM: arena");
+    }
+    if em.is_some_and(|r| r.oom.is_some()) {
+        note.push("OOM: native");
+    }
+    OverviewRow {
+        name: i.name.clone(),
+        reserved_ratio: ours
+            .zip(native_reserved)
+            .and_then(|(r, n)| ratio(r.peak_reserved as f64, n as f64)),
+        driver_ratio: ours
+            .zip(native_driver)
+            .and_then(|(r, n)| ratio(r.modelled_driver_s, n)),
+        note: note.join(", "),
+    }
+}
+
+/// `{trace}` in a plot file name replaced by the trace's name, made safe for a file name.
+pub(crate) fn plot_path_for(pattern: &str, trace_name: &str) -> PathBuf {
+    let safe: String = trace_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    PathBuf::from(pattern.replace("{trace}", &safe))
+}
+
+pub(crate) fn write_plot(path: &Path, panels: &[Panel]) -> CliResult<()> {
+    plot::write(path, panels).map_err(|e| e.to_string())?;
+    eprintln!("torch-arena: plot written to {}", path.display());
+    Ok(())
+}
+
+pub(crate) const REPLAY_OPTIONS: &[&str] = &[
+    "--capacity",
+    "--conf",
+    "--repeat",
+    "--gpu-lag",
+    "--driver-costs",
+    "--native",
+    "--backing",
+    "--check",
+    "--live",
+    "--json",
+    "--plot",
+    "--progress",
+    "--no-progress",
+    "--help",
+];
+
+pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
+    let mut cur = ArgCursor::new(args, "replay", REPLAY_SYNOPSIS, REPLAY_OPTIONS);
+    let mut progress = None;
+    let mut s = ReplaySettings::new(Some(false));
+    let mut trace_texts = Vec::new();
+    while let Some(item) = cur.next_item() {
+        let (name, inline) = match item {
+            Item::Positional(p) => {
+                trace_texts.push(p);
+                continue;
+            }
+            Item::Opt(n, v) => (n, v),
+        };
+        match name.as_str() {
+            "--capacity" => s.capacity = parse_capacity(&cur.value(&name, inline)?)?,
+            "--conf" => s.add_conf(&cur.value(&name, inline)?)?,
+            "--plot" => s.plot = Some(cur.value(&name, inline)?),
+            "--repeat" | "--gpu-lag" | "--driver-costs" => {
+                let v = cur.value(&name, inline)?;
+                s.timing_option(&name, &v)?;
+            }
+            "--live" => {
+                s.live = match inline {
+                    None => LIVE_TOP,
+                    Some(v) => match parse_count("--live", &v)? {
+                        0 => return Err("--live: show at least 1 site (--live=N, N >= 1)".into()),
+                        n => n.min(1 << 20) as usize,
+                    },
+                };
+            }
+            "--native" | "--backing" | "--check" | "--json" | "--progress" | "--no-progress" => {
+                cur.flag(&name, inline)?;
+                match name.as_str() {
+                    "--native" => s.native = true,
+                    "--backing" => s.backing = true,
+                    "--check" => s.check = true,
+                    "--json" => s.json = true,
+                    "--progress" => progress = Some(true),
+                    _ => progress = Some(false),
+                }
+            }
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(0);
+            }
+            _ => return Err(cur.unknown(&name)),
+        }
+    }
+    s.progress = progress.unwrap_or_else(stderr_is_terminal);
+    if trace_texts.is_empty() {
+        return Err(format!(
+            "replay: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{REPLAY_SYNOPSIS}"
+        ));
+    }
+    if s.confs.is_empty() {
+        s.confs.push((String::new(), Config::default()));
+    }
+    s.check_plot()?;
+    // Every argument is checked before any replay starts: a typo in the last file name should
+    // not cost the time of replaying the others first.
+    let mut traces = Vec::new();
+    let mut bad = Vec::new();
+    for t in &trace_texts {
+        match TraceArg::parse(t) {
+            Ok(a) => traces.push(a),
+            Err(e) => bad.push(e),
+        }
+    }
+    if !bad.is_empty() {
+        return Err(bad.join("\ntorch-arena: "));
+    }
+    run_replays(&s, &traces)
+}
+
+/// Replay every trace, printing as each finishes; returns the exit status.
+pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<u8> {
+    let mut failed = false;
+    let mut oom = false;
+    let mut panels = Vec::new();
+    let mut overview = Vec::new();
+    let per_trace_plot = s.plot.as_deref().filter(|p| p.contains("{trace}"));
+    for arg in traces {
+        match replay_trace(s, arg) {
+            Ok(o) => {
+                if s.json {
+                    for line in json_lines(s, &o) {
+                        println!("{line}");
+                    }
+                    for run in &o.runs {
+                        if let Err(e) = &run.outcome {
+                            eprintln!("torch-arena: {e}");
+                        }
+                    }
+                } else {
+                    print_outcome(s, &o);
+                    if let Some((set, what)) = &o.live {
+                        println!("  live by site {what}:");
+                        for line in live::render(set, s.live).lines() {
+                            println!("    {line}");
+                        }
+                        println!();
+                    }
+                }
+                failed |= o.runs.iter().any(|r| r.outcome.is_err());
+                oom |= o.arena_oom();
+                if s.plot.is_some() {
+                    let p = panel(s, &o);
+                    if let Some(pattern) = per_trace_plot {
+                        if let Err(e) = write_plot(&plot_path_for(pattern, &o.info.name), &[p]) {
+                            eprintln!("torch-arena: {e}");
+                            failed = true;
+                        }
+                    } else {
+                        panels.push(p);
+                        overview.push(overview_row(&o));
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("torch-arena: {e}");
+                if s.json {
+                    println!("{}", json_load_error(arg, &e));
+                }
+                failed = true;
+            }
+        }
+    }
+    if let Some(p) = &s.plot
+        && per_trace_plot.is_none()
+        && !panels.is_empty()
+    {
+        let written = if panels.len() > OVERVIEW_AFTER {
+            // Many traces: one row each rather than a panel each stacked into one tall image.
+            let title = format!(
+                "{} traces: ours / native ({}), {} step{}, GPU lag {}, GPU {}",
+                overview.len(),
+                if s.native { "emulated" } else { "recorded" },
+                s.timing.repeat,
+                if s.timing.repeat == 1 { "" } else { "s" },
+                fmt_secs(s.timing.gpu_lag_ns as f64 / 1e9),
+                fmt_bytes(s.capacity)
+            );
+            plot::write_overview(Path::new(p), &title, &overview)
+                .map_err(|e| e.to_string())
+                .map(|()| {
+                    eprintln!(
+                        "torch-arena: overview of {} traces written to {p} (one panel per trace: \
+                         put {{trace}} in the file name)",
+                        overview.len()
+                    )
+                })
+        } else {
+            write_plot(Path::new(p), &panels)
+        };
+        if let Err(e) = written {
+            eprintln!("torch-arena: {e}");
+            failed = true;
+        }
+    }
+    Ok(if failed {
+        1
+    } else if oom {
+        EXIT_OOM
+    } else {
+        0
+    })
+}
