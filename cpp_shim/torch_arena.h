@@ -19,6 +19,10 @@
  *     a.set_memory_fraction_fn(ctypes.cast(lib.torch_arena_set_memory_fraction, ctypes.c_void_p).value)
  *     a.set_record_stream_fn(ctypes.cast(lib.torch_arena_record_stream, ctypes.c_void_p).value)
  *     a.set_base_alloc_fn(ctypes.cast(lib.torch_arena_base_alloc, ctypes.c_void_p).value)
+ *     for setter, name in (("set_begin_allocate_to_pool", "torch_arena_begin_allocate_to_pool"),
+ *                          ("set_end_allocate_to_pool_fn", "torch_arena_end_allocate_to_pool"),
+ *                          ("set_release_pool", "torch_arena_release_pool")):
+ *         getattr(a, setter)(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
  *     torch.cuda.memory.change_current_allocator(alloc)
  *
  * (The torch_arena Python package does all of this when TORCH_ARENA=1.)
@@ -160,6 +164,56 @@ TORCH_ARENA_API void* torch_arena_malloc(size_t size, int device, void* stream);
  * level (rate-limited: the first 10 of each kind, then every 1000th; see CONVENTIONS, Logging).
  */
 TORCH_ARENA_API void torch_arena_free(void* ptr, size_t size, int device, void* stream) TORCH_ARENA_NOEXCEPT;
+
+/* ---------------------------------------------------------------------------------------------
+ * Private pools (CUDA graph capture), the C side. PyTorch's three pool hooks are C++ functions
+ * (declared at the end of this header); they call these, with PyTorch's MempoolId_t
+ * (std::pair<unsigned long long, unsigned long long>) split into id0 = .first, id1 = .second.
+ * The semantics are PyTorch's (docs/cuda-graphs.md): between begin and end the allocations the
+ * capture's filter accepts come from the pool; the pool's memory (freed during capture or
+ * after) serves only that pool until its last release, and never leaves its address range
+ * before: nothing unmaps, moves or releases it while its graphs may replay. */
+
+/** Pool (id0, id1) of `device`: created (or shared: one use more) and recording. Fails
+ *  (TORCH_ARENA_ERR_OTHER) if it is recording already. Failures are also logged at warn. */
+int torch_arena_pool_begin(int device, uint64_t id0, uint64_t id1) TORCH_ARENA_NOEXCEPT;
+
+/** The pool stops recording; it keeps its memory. Fails if it is not recording. */
+int torch_arena_pool_end(int device, uint64_t id0, uint64_t id1) TORCH_ARENA_NOEXCEPT;
+
+/** One use of the pool ends (a graph was reset or destroyed). With none left, its memory returns
+ *  to general use as it becomes free, once a device-wide synchronisation (empty_cache, the
+ *  out-of-memory path) proves that its graphs no longer run. */
+int torch_arena_pool_release(int device, uint64_t id0, uint64_t id1) TORCH_ARENA_NOEXCEPT;
+
+/** torch_arena_try_malloc from pool (id0, id1), which must be recording (else
+ *  TORCH_ARENA_ERR_OTHER). */
+int torch_arena_try_malloc_pool(size_t size, int device, void* stream, uint64_t id0, uint64_t id1,
+                                void** out) TORCH_ARENA_NOEXCEPT;
+
+/** What a private pool holds (torch_arena_pool_info). */
+typedef struct torch_arena_pool_info_t {
+  /** Captures sharing the pool that have not released it. */
+  uint32_t use_count;
+  /** 1 between begin and end. */
+  uint32_t recording;
+  /** 1 once every use was released (its memory is leaving). */
+  uint32_t released;
+  /** Streams that allocated in the pool and still hold memory there. */
+  uint32_t states;
+  /** Pages mapped in the pool's address ranges; of those, pages holding live blocks. */
+  uint64_t mapped_pages;
+  uint64_t used_pages;
+} torch_arena_pool_info_t;
+
+/** What pool (id0, id1) of `device` holds, into *out. TORCH_ARENA_ERR_BAD_POINTER (and *out
+ *  zeroed) for a pool the device does not know: never begun, or released and wholly given back. */
+int torch_arena_pool_info(int device, uint64_t id0, uint64_t id1,
+                          torch_arena_pool_info_t* out) TORCH_ARENA_NOEXCEPT;
+
+/** 1 if `ptr` lies in the memory of a private pool of `device` (its id to *id0, *id1 when not
+ *  NULL), 0 if not, a negative status code on failure. */
+int torch_arena_pool_of(void* ptr, int device, uint64_t* id0, uint64_t* id1) TORCH_ARENA_NOEXCEPT;
 
 /* ---------------------------------------------------------------------------------------------
  * The status-returning forms of malloc/free (what the shim calls; usable from C). */
@@ -472,6 +526,46 @@ int torch_arena_history_enable(int enabled, uint64_t max_entries) TORCH_ARENA_NO
 size_t torch_arena_history_json(int device, char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
 
 #ifdef __cplusplus
+} /* extern "C" */
+
+#include <functional>
+#include <utility>
+
+struct CUstream_st; /* cudaStream_t is CUstream_st* (cuda_runtime_api.h) */
+
+namespace torch_arena {
+
+/** PyTorch's c10::cuda::MempoolId_t. */
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+/** The filter torch.cuda.graph passes: does an allocation on this stream belong to the capture? */
+using StreamFilter = std::function<bool(CUstream_st*)>;
+
+}  // namespace torch_arena
+
+extern "C" {
+
+/**
+ * PyTorch's pool hooks (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
+ * set_release_pool on the allocator object; the Python package sets them). C++ functions with
+ * C names: PyTorch reinterpret_casts the integer address to `void(int, MempoolId_t,
+ * std::function<bool(cudaStream_t)>)` and `void(int, MempoolId_t)`. The std::function is passed
+ * by value, so these need the C++ ABI PyTorch's wheel was built with (libstdc++, whose
+ * std::function is 32 bytes; checked when the shim compiles, see docs/cuda-graphs.md).
+ *
+ * begin keeps `filter`; until end, every torch_arena_malloc on `device` asks the recording
+ * filters in the order their pools began and takes the first that accepts the stream to the
+ * pool (a filter that throws counts as refusing). begin throws std::runtime_error when the pool
+ * cannot record (already recording, as PyTorch's own TORCH_CHECK; a bad device or
+ * configuration), so the capture does not start; end and release never throw: a failure (ended
+ * or released without begin) sets the last error and is logged at warn. An allocation routed to
+ * a pool that stopped recording meanwhile (another thread ended it) is served from general
+ * memory.
+ */
+TORCH_ARENA_API void torch_arena_begin_allocate_to_pool(int device, torch_arena::MempoolId id,
+                                                        torch_arena::StreamFilter filter);
+TORCH_ARENA_API void torch_arena_end_allocate_to_pool(int device, torch_arena::MempoolId id) noexcept;
+TORCH_ARENA_API void torch_arena_release_pool(int device, torch_arena::MempoolId id) noexcept;
+
 } /* extern "C" */
 
 namespace torch_arena {

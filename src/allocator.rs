@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use once_cell::sync::OnceCell;
 
-use crate::arena::{Arena, ArenaExtras, ReclaimReport};
+use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
 use crate::config::{Config, DeviceKind};
 use crate::device::{
     DevPtr, Device, StreamId,
@@ -138,6 +138,43 @@ impl TorchArena {
     /// `alloc(size, device, stream)`: a pointer to at least `size` bytes, 512-byte aligned.
     /// Size 0 gives `Ok(0)` (NULL), as PyTorch's native allocator does.
     pub fn malloc(&self, size: usize, device: i32, stream: StreamId) -> Result<DevPtr> {
+        self.malloc_in(size, device, stream, None)
+    }
+
+    /// Like [`TorchArena::malloc`], from private pool `pool` (CUDA graph capture: the shim routes
+    /// here the allocations whose stream the capture's filter accepts).
+    pub fn malloc_pool(
+        &self,
+        size: usize,
+        device: i32,
+        stream: StreamId,
+        pool: PoolId,
+    ) -> Result<DevPtr> {
+        self.malloc_in(size, device, stream, Some(pool))
+    }
+
+    /// `beginAllocateToPool(device, pool, filter)`, less the filter (the shim keeps it).
+    pub fn begin_pool(&self, device: i32, pool: PoolId) -> Result<()> {
+        self.arena(device)?.begin_pool(pool)
+    }
+
+    /// `endAllocateToPool(device, pool)`.
+    pub fn end_pool(&self, device: i32, pool: PoolId) -> Result<()> {
+        self.arena(device)?.end_pool(pool)
+    }
+
+    /// `releasePool(device, pool)`.
+    pub fn release_pool(&self, device: i32, pool: PoolId) -> Result<()> {
+        self.arena(device)?.release_pool(pool)
+    }
+
+    fn malloc_in(
+        &self,
+        size: usize,
+        device: i32,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<DevPtr> {
         if size == 0 {
             return Ok(0);
         }
@@ -155,7 +192,10 @@ impl TorchArena {
         // The recorder's lock is held across the call, so the record is in the order the arena
         // handed pointers out.
         let mut rec = self.recorder.as_ref().map(Recorder::lock);
-        let ptr = arena.malloc(size as u64, stream)?;
+        let ptr = match pool {
+            None => arena.malloc(size as u64, stream)?,
+            Some(p) => arena.malloc_pool(size as u64, stream, p)?,
+        };
         if let Some(rec) = rec.as_mut() {
             if let Some(text) = &site_text {
                 rec.define_site(site, text);

@@ -36,6 +36,7 @@ fn run(scenario: &str, conf: &str, limit: Duration) -> Run {
         .arg(cdylib())
         .arg(scenario)
         .env("TORCH_ARENA_CONF", conf)
+        .env("FAKE_LIBCUDA", env!("FAKE_LIBCUDA"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -169,4 +170,31 @@ fn hostile_sizes_and_streams_are_clean_ooms() {
     );
     assert_ok("hostile", &r);
     assert!(!r.stderr.contains("panicked"), "{}", tail(&r.stderr));
+}
+
+/// CUDA graph capture as torch.cuda.graph drives the hooks (begin with a filter, then the
+/// capture; allocations and frees on the capturing stream and another; the capture ends, then
+/// end; frees after capture; a second capture sharing the pool; a second pool at once; release),
+/// on host-backed sim pages: nothing general lands on pool memory or on what the pool freed,
+/// every pool block keeps its bytes, the pool's pages are refused to a general request until
+/// the last release and serve it after.
+#[test]
+fn graph_capture_pools_on_the_sim() {
+    let r = run(
+        "graph",
+        "device:sim,sim_capacity_mb:256,sim_backing:True",
+        Duration::from_secs(120),
+    );
+    assert_ok("graph", &r);
+}
+
+/// The same on the cuda device over the fake driver with the streams really in capture (global
+/// mode, as torch.cuda.graph's default): the captures end valid, no call the driver refuses
+/// during capture reached it, no event was recorded on a capturing stream, and the fake does
+/// refuse such calls (checked at the end).
+#[test]
+fn graph_capture_pools_on_the_fake_driver_make_no_forbidden_call() {
+    let r = run("graph_cuda", "device:cuda", Duration::from_secs(120));
+    assert_ok("graph_cuda", &r);
+    assert!(r.stdout.contains("no forbidden call"), "{}", r.stdout);
 }

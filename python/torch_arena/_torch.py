@@ -17,6 +17,7 @@ This module never imports torch at import time: only its functions do, when call
 import contextlib
 import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -43,15 +44,16 @@ class TorchArenaWarning(UserWarning):
 
 
 # PyTorch's optional hooks: (setter on torch._C._CUDAPluggableAllocator, our export). A setter
-# missing from this torch, or an export missing from this library, is skipped.
-# set_begin_allocate_to_pool is deliberately absent: its third argument is a C++ std::function,
-# which no C function can accept.
+# missing from this torch, or an export missing from this library, is skipped. The three pool
+# hooks (CUDA graph capture, docs/cuda-graphs.md) are C++ functions of the shim: begin takes the
+# capture's filter as a std::function, by value, built by PyTorch's libstdc++ code.
 _HOOKS: tuple[tuple[str, str], ...] = (
     ("set_init_fn", "torch_arena_init"),
     ("set_reset_fn", "torch_arena_empty_cache"),
     ("set_memory_fraction_fn", "torch_arena_set_memory_fraction"),
     ("set_record_stream_fn", "torch_arena_record_stream"),
     ("set_base_alloc_fn", "torch_arena_base_alloc"),
+    ("set_begin_allocate_to_pool", "torch_arena_begin_allocate_to_pool"),
     ("set_end_allocate_to_pool_fn", "torch_arena_end_allocate_to_pool"),
     ("set_release_pool", "torch_arena_release_pool"),
 )
@@ -285,6 +287,8 @@ def _enable_warnings(torch: Any) -> list[str]:
         benchmark = False
     if benchmark:
         messages.append(_CUDNN_BENCHMARK_MESSAGE)
+    if _inductor_cudagraph_trees():
+        messages.append(_CUDAGRAPH_TREES_MESSAGE)
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         text = os.environ.get(var, "")
         # pinned_* options configure the pinned host allocator, which stays PyTorch's.
@@ -298,6 +302,32 @@ def _enable_warnings(torch: Any) -> list[str]:
             )
     return messages
 
+
+def _inductor_cudagraph_trees() -> bool:
+    """Whether torch.compile is already set to use CUDA graphs through cudagraph trees: by
+    TORCHINDUCTOR_CUDAGRAPHS=1, or by torch._inductor.config if something imported it (it is not
+    imported here: that would slow every enable() down). mode="reduce-overhead" decides it only
+    at compile time, out of sight."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        try:
+            return bool(config.triton.cudagraphs and config.triton.cudagraph_trees)
+        except Exception:
+            return False
+    return os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1"
+
+
+_CUDAGRAPH_TREES_MESSAGE = (
+    "torch.compile is set to use CUDA graphs (TORCHINDUCTOR_CUDAGRAPHS=1 or "
+    "torch._inductor.config.triton.cudagraphs, as mode='reduce-overhead' sets): its cudagraph "
+    "trees need the allocator's checkpoint and live-allocation queries (getCheckpointState, "
+    "checkPoolLiveAllocations), which PyTorch does not offer for any pluggable allocator "
+    "(pytorch/pytorch#163257), so compiled functions will fail with 'does not yet support "
+    "getCheckpointState'. Set torch._inductor.config.triton.cudagraph_trees = False (inductor "
+    "then captures with torch.cuda.graph, which torch-arena supports), or compile without CUDA "
+    "graphs (mode='max-autotune-no-cudagraphs'). torch.cuda.graph and "
+    "torch.cuda.make_graphed_callables work as they are."
+)
 
 _CUDNN_BENCHMARK_MESSAGE = (
     "torch.backends.cudnn.benchmark is True: cuDNN's benchmark mode sizes its workspace with "
@@ -362,14 +392,16 @@ def enable(conf: str | None = None) -> None:
     ``conf`` is a configuration text (``TORCH_ARENA_CONF`` grammar, e.g. ``"release_idle_ms:500"``);
     None uses ``TORCH_ARENA_CONF`` (or the defaults). The allocator gets every optional hook
     PyTorch offers and this library implements (init, empty_cache, memory fraction,
-    record_stream, base allocation, pool end/release), then replaces PyTorch's; then
+    record_stream, base allocation, the three pool hooks of CUDA graph capture), then replaces
+    PyTorch's; then
     ``torch.cuda.memory_stats`` and the other statistics functions (in ``torch.cuda``,
     ``torch.cuda.memory`` and ``torch.accelerator``) are redirected to torch-arena's figures,
     ``torch.cuda.memory._snapshot``, ``_dump_snapshot``, ``_record_memory_history`` and
     ``memory_snapshot`` to :mod:`torch_arena.snapshots`, and every ``optimizer.step()`` ends a
     torch-arena step (leak hunting); with ``leaks:True`` the leak report prints at exit.
-    Settings visible now that will not work (``torch.backends.cudnn.benchmark``) or no longer
-    apply (``PYTORCH_CUDA_ALLOC_CONF``) give a :class:`TorchArenaWarning` before the swap.
+    Settings visible now that will not work (``torch.backends.cudnn.benchmark``, torch.compile's
+    CUDA graph trees: ``TORCHINDUCTOR_CUDAGRAPHS=1``) or no longer apply
+    (``PYTORCH_CUDA_ALLOC_CONF``) give a :class:`TorchArenaWarning` before the swap.
 
     Must run before CUDA initialises: ``TORCH_ARENA=1`` in the environment does it as torch is
     imported. Calling it again with the same (or no) configuration does nothing.

@@ -182,7 +182,11 @@ impl Inner {
                 }
                 continue;
             }
-            if self.stream_index.get(&st.id) != Some(&(si as u32)) {
+            let indexed = match st.pool {
+                Some(p) => self.pool_states.get(&(p, st.id)),
+                None => self.stream_index.get(&st.id),
+            };
+            if indexed != Some(&(si as u32)) {
                 return Err(format!("stream slot {si} ({:#x}) is not indexed", st.id));
             }
             for &r in &st.regions {
@@ -252,7 +256,9 @@ impl Inner {
                     head.busy
                 ));
             }
-            if (busy == 0) != (head.idle_stamp != 0) {
+            // A pinned pool's unused handles stay off the idle list (pool.rs).
+            let pinned = self.streams[self.regions[ri].stream as usize].pinned;
+            if (busy == 0 && !pinned) != (head.idle_stamp != 0) {
                 return Err(format!(
                     "region {ri} handle at page {p}: idle list out of step"
                 ));

@@ -89,34 +89,20 @@ impl Inner {
         streams: Vec<StreamId>,
     ) -> Result<()> {
         let mut events = Vec::with_capacity(streams.len());
-        for s in streams {
-            let e = match self.spare_events.pop() {
-                Some(e) => e,
-                None => match self.dev.create_event() {
-                    Ok(e) => e,
-                    Err(err) => {
-                        // Without an event we cannot wait later: wait now.
-                        self.dev.synchronize_stream(s)?;
-                        let _ = err;
-                        continue;
-                    }
-                },
-            };
-            if self.dev.record_event(e, s).is_err() {
-                self.spare_events.push(e);
-                self.dev.synchronize_stream(s)?;
-                continue;
-            }
-            events.push(e);
-        }
-        if events.is_empty() {
+        let mut waiting = Vec::new();
+        self.record_frees(streams, &mut events, &mut waiting)?;
+        if events.is_empty() && waiting.is_empty() {
             self.finish_free(ptr, found);
         } else {
             if matches!(found, Found::Large) {
                 self.large.get_mut(&ptr).expect("live").pending = true;
             }
             self.pending_ptrs.insert(ptr, ());
-            self.pending.push_back(Pending { ptr, events });
+            self.pending.push_back(Pending {
+                ptr,
+                events,
+                waiting,
+            });
         }
         Ok(())
     }
@@ -132,6 +118,24 @@ impl Inner {
     /// (after the whole device was synchronised).
     pub(super) fn finish_pending(&mut self, all_done: bool) {
         while let Some(front) = self.pending.front() {
+            if !all_done && !front.waiting.is_empty() {
+                // Streams that were capturing at the free: record on them once they are not.
+                let streams = std::mem::take(&mut self.pending[0].waiting);
+                let (mut events, mut waiting) = (Vec::new(), Vec::new());
+                if self
+                    .record_frees(streams.clone(), &mut events, &mut waiting)
+                    .is_err()
+                {
+                    waiting = streams; // try again at the next poll
+                }
+                let p = &mut self.pending[0];
+                p.events.extend(events);
+                p.waiting = waiting;
+                if !p.waiting.is_empty() {
+                    break;
+                }
+            }
+            let front = &self.pending[0];
             let done = all_done
                 || front
                     .events

@@ -5,11 +5,16 @@
 use super::*;
 
 impl Inner {
-    pub(super) fn malloc(&mut self, size: u64, stream: StreamId) -> Result<DevPtr> {
+    pub(super) fn malloc(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<DevPtr> {
         if !self.pending.is_empty() {
             self.poll_pending();
         }
-        let s = self.stream(stream)?;
+        let s = self.state_for(stream, pool)?;
         // A request the limit cannot give even with every cached page moved fails here, before
         // any driver call or host allocation proportional to it.
         if !self.within_reach(size) {
@@ -42,7 +47,7 @@ impl Inner {
                 }
             }
             // Releasing may have retired this very stream (it held nothing): look it up again.
-            let s = self.stream(stream)?;
+            let s = self.state_for(stream, pool)?;
             match self.try_alloc(size, s, true) {
                 Ok(p) => return Ok(p),
                 Err(Miss::Device(e)) => return Err(e.into()),
@@ -101,21 +106,22 @@ impl Inner {
         }
     }
 
-    pub(super) fn synchronize_all(&mut self) -> Result<()> {
-        self.dev.synchronize()?;
-        self.stats.num_sync_all_streams += 1;
-        let seq = self.seq;
-        for st in &mut self.streams {
-            st.safe_seq = seq;
+    /// Whether the whole device was synchronised (not during a capture).
+    pub(super) fn synchronize_all(&mut self) -> Result<bool> {
+        // No device-wide synchronisation while a CUDA graph capture may be under way (pool.rs).
+        if self.capture_underway()? {
+            self.synchronize_outside_capture()?;
+            return Ok(false);
         }
-        self.finish_pending(true);
-        Ok(())
+        self.synchronize_device()?;
+        Ok(true)
     }
 
     /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
     /// with `release`, give the pool (and idle plain segments) back to the driver.
     pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
-        self.synchronize_all()?;
+        let whole = self.synchronize_all()?;
+        let synced = self.seq;
         let mut report = ReclaimReport::default();
         for s in 0..self.streams.len() {
             // A retired stream's slot has no classes.
@@ -130,11 +136,21 @@ impl Inner {
                 }
             }
         }
+        // Every idle page is proven unused after a device-wide synchronisation; during a capture
+        // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
+        // just now are too: nothing can have used them since.
+        if whole {
+            let now = self.seq;
+            for st in self.streams.iter_mut().filter(|st| st.safe_seq == synced) {
+                st.safe_seq = now;
+            }
+        }
         while let Some(at) = self
             .streams
             .iter()
-            .map(|st| st.idle_head)
-            .find(|&h| h != PageRef::NONE)
+            .map(|st| (st.idle_head, st.safe_seq))
+            .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
+            .map(|(h, _)| h)
         {
             let (h, k) = self.unmap_idle(at)?;
             self.pool_put(h, k, Instant::now());
@@ -149,7 +165,7 @@ impl Inner {
             }
             for id in 0..self.regions.len() as u32 {
                 let r = &self.regions[id as usize];
-                if r.plain && r.live && r.in_use == 0 {
+                if r.plain && r.live && r.in_use == 0 && !self.region_pinned(id) {
                     report.pages_released += r.len / self.page;
                     report.bytes_released += r.len;
                     self.release_plain(id)?;
@@ -215,14 +231,16 @@ impl Inner {
                 .find(|&s| self.streams[s as usize].idle_head != PageRef::NONE);
             if let Some(s) = idle {
                 let at = self.streams[s as usize].idle_head;
-                self.stream_done_with(s, self.slot(at).idle_stamp, true)?;
+                if !self.stream_done_with(s, self.slot(at).idle_stamp, true)? {
+                    break; // a stream being captured (pool.rs): nothing proves it done
+                }
                 let (h, k) = self.unmap_idle(at)?;
                 self.release_handle(h, k)?;
                 continue;
             }
-            let empty = (0..self.regions.len() as u32).find(|&r| {
-                let r = &self.regions[r as usize];
-                r.plain && r.live && r.in_use == 0
+            let empty = (0..self.regions.len() as u32).find(|&id| {
+                let r = &self.regions[id as usize];
+                r.plain && r.live && r.in_use == 0 && !self.region_pinned(id)
             });
             match empty {
                 Some(r) => {
@@ -313,7 +331,7 @@ impl Inner {
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
              free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
              {} cached ({} in idle mapped pages, {} in unmapped pages) and {} free inside partially \
-             used pages ({:.1}% fragmentation). Live allocations: {}.",
+             used pages ({:.1}% fragmentation). Live allocations: {}.{}",
             format_size(size),
             self.info.ordinal,
             format_size(total),
@@ -331,6 +349,7 @@ impl Inner {
                 0.0
             },
             s.allocation.all().current,
+            self.pool_oom_note(),
         )
     }
 }

@@ -23,6 +23,8 @@
 //! - `pages.rs`: regions, page tables, idle lists, acquiring/mapping/unmapping pages;
 //! - `free.rs`: frees, pending frees (record_stream) and pointer lookups;
 //! - `streams.rs`: the stream index and the retirement of idle streams;
+//! - `pool.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
+//!   what the arena must not do while a stream is captured;
 //! - `accounting.rs`: derived statistics and summary extras; `check.rs`: consistency checks;
 //! - `heap.rs`, `slab.rs`, `size_class.rs`, `layout.rs`, `report.rs`: the data structures and
 //!   reports those use.
@@ -43,6 +45,7 @@ mod ladder;
 mod large;
 mod layout;
 mod pages;
+mod pool;
 mod report;
 mod size_class;
 mod slab;
@@ -50,6 +53,7 @@ mod small;
 mod streams;
 
 pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment};
+pub use pool::{PoolId, PoolInfo};
 pub use report::*;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
@@ -217,6 +221,12 @@ struct StreamState {
     last_used: u64,
     /// A slot given back by a stream that went idle, waiting for reuse.
     retired: bool,
+    /// The private pool (CUDA graph capture) this state belongs to, keyed by `(pool, id)`; `None`
+    /// for a stream's general memory.
+    pool: Option<PoolId>,
+    /// A pool's state before its release: its pages stay mapped where they are (never on the
+    /// idle list, never unmapped, stitched away or released) and it is never retired.
+    pinned: bool,
 }
 
 impl StreamState {
@@ -235,6 +245,8 @@ impl StreamState {
             regions: Vec::new(),
             last_used: 0,
             retired: true,
+            pool: None,
+            pinned: false,
         }
     }
 }
@@ -244,6 +256,10 @@ impl StreamState {
 struct Pending {
     ptr: u64,
     events: Vec<EventHandle>,
+    /// Streams still to record an event on: they were being captured at the free (an event
+    /// recorded there would be a graph node), so the record waits until they are not (as
+    /// PyTorch defers it until no capture is under way).
+    waiting: Vec<StreamId>,
 }
 
 /// Where a live allocation's metadata is.
@@ -367,6 +383,12 @@ struct Inner {
     nonempty_slab_bytes: u64,
     bad_frees: u64,
     last_decay: Instant,
+    /// Private pools by id (`pool.rs`).
+    pools: HashMap<PoolId, pool::PoolEntry>,
+    /// The state of each `(pool, stream)` that allocated in a pool.
+    pool_states: HashMap<(PoolId, StreamId), u32>,
+    /// Pools between `begin_pool` and `end_pool`: while any is, a capture may be under way.
+    recording_pools: u32,
 }
 
 impl Arena {
@@ -429,6 +451,9 @@ impl Arena {
             nonempty_slab_bytes: 0,
             bad_frees: 0,
             last_decay: now,
+            pools: HashMap::new(),
+            pool_states: HashMap::new(),
+            recording_pools: 0,
         };
         Ok(Arena {
             inner: Mutex::new(inner),
@@ -438,7 +463,7 @@ impl Arena {
     /// At least `size` (> 0) bytes, 512-byte aligned, usable on `stream` at once.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevPtr> {
         let mut g = self.inner.lock();
-        g.malloc(size, stream)
+        g.malloc(size, stream, None)
     }
 
     /// Free `ptr`. `size`, when given, must equal the request; a mismatch is reported but the

@@ -397,6 +397,11 @@ impl Inner {
         if stamp <= st.safe_seq {
             return Ok(true);
         }
+        // Pools and capturing streams have their own rule (pool.rs).
+        if let Some(done) = self.capture_fence(s, stamp, block)? {
+            return Ok(done);
+        }
+        let st = &self.streams[s as usize];
         let event = match st.fence {
             Some(e) => e,
             None => {
@@ -443,7 +448,8 @@ impl Inner {
                 let head = p - slot.hoff as u32;
                 let h = &mut r.pages[head as usize];
                 h.busy += 1;
-                if h.busy == 1 {
+                // (A pinned pool's unused handle is not on the idle list: pool.rs.)
+                if h.busy == 1 && h.idle_stamp != 0 {
                     self.idle_unlink(PageRef { region, page: head });
                 }
             }
@@ -463,7 +469,9 @@ impl Inner {
                 let head = p - slot.hoff as u32;
                 let h = &mut r.pages[head as usize];
                 h.busy -= 1;
-                if h.busy == 0 {
+                // A pinned pool's handles stay off the idle list: nothing may take them
+                // (pool.rs).
+                if h.busy == 0 && !self.streams[r.stream as usize].pinned {
                     self.idle_push(PageRef { region, page: head });
                 }
             }

@@ -32,6 +32,14 @@ impl Inner {
             let before = self.tick.saturating_sub(STREAM_IDLE_REQUESTS);
             self.retire_idle_streams(false, before)?;
         }
+        let s = self.add_state(id, None);
+        self.stream_index.insert(id, s);
+        Ok(s)
+    }
+
+    /// A new state for stream `id` (of private pool `pool`, if any), in a free slot if there is
+    /// one. Indexing it is the caller's business.
+    pub(super) fn add_state(&mut self, id: StreamId, pool: Option<PoolId>) -> u32 {
         let state = StreamState {
             id,
             small: Heap::new(),
@@ -47,8 +55,10 @@ impl Inner {
             regions: Vec::new(),
             last_used: self.tick,
             retired: false,
+            pool,
+            pinned: pool.is_some(),
         };
-        let s = match self.free_streams.pop() {
+        match self.free_streams.pop() {
             Some(s) => {
                 self.streams[s as usize] = state;
                 s
@@ -57,9 +67,16 @@ impl Inner {
                 self.streams.push(state);
                 (self.streams.len() - 1) as u32
             }
-        };
-        self.stream_index.insert(id, s);
-        Ok(s)
+        }
+    }
+
+    /// The state serving a request of `stream`: its general state, or with `pool` its state in
+    /// that private pool.
+    pub(super) fn state_for(&mut self, stream: StreamId, pool: Option<PoolId>) -> Result<u32> {
+        match pool {
+            None => self.stream(stream),
+            Some(p) => self.pool_state(p, stream),
+        }
     }
 
     /// Retire every stream that holds no live, pending or cached-in-use memory and was last used
@@ -83,6 +100,10 @@ impl Inner {
 
     /// Retire stream `s` if it holds nothing; whether it was retired.
     pub(super) fn retire_stream(&mut self, s: u32, block: bool) -> Result<bool> {
+        // A pool's memory stays until the pool is released (its graphs may replay).
+        if self.streams[s as usize].pinned {
+            return Ok(false);
+        }
         let holds = |g: &Self| {
             g.streams[s as usize]
                 .regions
@@ -123,9 +144,14 @@ impl Inner {
         if let Some(e) = st.fence.take() {
             self.spare_events.push(e);
         }
-        let id = st.id;
+        let (id, pool) = (st.id, st.pool);
         *st = StreamState::retired();
-        self.stream_index.remove(&id);
+        match pool {
+            Some(p) => self.forget_pool_state(p, id, s),
+            None => {
+                self.stream_index.remove(&id);
+            }
+        }
         if self.last_stream.is_some_and(|(_, i)| i == s) {
             self.last_stream = None;
         }

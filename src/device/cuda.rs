@@ -146,6 +146,10 @@ struct Api {
     event_query: unsafe extern "C" fn(sys::CUevent) -> CuResult,
     event_synchronize: unsafe extern "C" fn(sys::CUevent) -> CuResult,
     stream_synchronize: unsafe extern "C" fn(sys::CUstream) -> CuResult,
+    /// `cuStreamIsCapturing` (CUDA 10+): whether a stream is being captured into a graph.
+    stream_is_capturing: Option<unsafe extern "C" fn(sys::CUstream, *mut c_int) -> CuResult>,
+    /// `cuThreadExchangeStreamCaptureMode` (CUDA 10.1+): the calling thread's capture mode.
+    exchange_capture_mode: Option<FnInt>,
     get_error_name: Option<FnErrStr>,
     get_error_string: Option<FnErrStr>,
     vmm: Option<VmmApi>,
@@ -340,6 +344,8 @@ impl Driver {
             event_query: required!("cuEventQuery"),
             event_synchronize: required!("cuEventSynchronize"),
             stream_synchronize: required!("cuStreamSynchronize"),
+            stream_is_capturing: optional!("cuStreamIsCapturing"),
+            exchange_capture_mode: optional!("cuThreadExchangeStreamCaptureMode"),
             get_error_name,
             get_error_string,
             vmm,
@@ -468,13 +474,29 @@ pub struct CudaDevice {
     counters: Counters,
 }
 
-/// Puts the thread's previous context back when a call that had to switch is done.
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// Puts the thread's previous context back when a call that had to switch is done, and its
+/// previous stream capture mode.
 struct CtxGuard {
     restore: Option<(unsafe extern "C" fn(sys::CUcontext) -> CuResult, usize)>,
+    /// The thread's capture mode before the call switched it to relaxed.
+    mode: Option<(FnInt, c_int)>,
 }
 
 impl Drop for CtxGuard {
     fn drop(&mut self) {
+        if let Some((exchange, mut prev)) = self.mode {
+            // SAFETY: puts back the mode `ctx()` read; a valid pointer to an int.
+            let rc = unsafe { exchange(&mut prev) };
+            if rc != CUDA_SUCCESS {
+                tracing::warn!(
+                    code = rc,
+                    "cuThreadExchangeStreamCaptureMode could not restore the thread's capture mode"
+                );
+            }
+        }
         if let Some((set_current, prev)) = self.restore {
             // SAFETY: `prev` was the thread's current context (or null) a moment ago.
             let rc = unsafe { set_current(prev as sys::CUcontext) };
@@ -626,8 +648,18 @@ impl CudaDevice {
         self.ctx
     }
 
-    /// Makes the primary context current on the calling thread if it is not, until the returned
-    /// guard is dropped (which restores the previous one).
+    /// Makes the primary context current on the calling thread if it is not, and switches the
+    /// thread to relaxed stream capture mode, until the returned guard is dropped (which restores
+    /// both).
+    ///
+    /// Relaxed mode, as PyTorch's `cudaMallocMaybeCapturing` does around `cudaMalloc`: while any
+    /// thread captures a CUDA graph in global mode (`torch.cuda.graph`'s default), the driver
+    /// refuses "potentially unsafe" calls from every thread in global mode (memory creation,
+    /// mapping and freeing, event queries) and invalidates the capture. Our memory calls are
+    /// safe during capture because the arena never unmaps or releases memory a graph may replay
+    /// (a private pool's pages stay pinned until its release) and never records, queries or
+    /// synchronises on a capturing stream. What conflicts with capture in any mode (syncing a
+    /// capturing stream or the device, querying a captured event) the arena avoids itself.
     fn ctx(&self) -> DeviceResult<CtxGuard> {
         let api = &self.drv.api;
         let mut cur: sys::CUcontext = ptr::null_mut();
@@ -635,16 +667,25 @@ impl CudaDevice {
         self.drv.check("cuCtxGetCurrent", unsafe {
             (api.ctx_get_current)(&mut cur)
         })?;
-        if cur as usize == self.ctx {
-            return Ok(CtxGuard { restore: None });
+        let mut guard = CtxGuard {
+            restore: None,
+            mode: None,
+        };
+        if cur as usize != self.ctx {
+            // SAFETY: our retained primary context.
+            self.drv.check("cuCtxSetCurrent", unsafe {
+                (api.ctx_set_current)(self.ctx as sys::CUcontext)
+            })?;
+            guard.restore = Some((api.ctx_set_current, cur as usize));
         }
-        // SAFETY: our retained primary context.
-        self.drv.check("cuCtxSetCurrent", unsafe {
-            (api.ctx_set_current)(self.ctx as sys::CUcontext)
-        })?;
-        Ok(CtxGuard {
-            restore: Some((api.ctx_set_current, cur as usize)),
-        })
+        if let Some(exchange) = api.exchange_capture_mode {
+            let mut mode = CAPTURE_MODE_RELAXED;
+            // SAFETY: a valid pointer to an int holding a valid mode.
+            let rc = unsafe { exchange(&mut mode) };
+            self.drv.check("cuThreadExchangeStreamCaptureMode", rc)?;
+            guard.mode = Some((exchange, mode));
+        }
+        Ok(guard)
     }
 
     fn vmm_api(&self, call: &str) -> DeviceResult<&VmmApi> {
@@ -912,5 +953,20 @@ impl Device for CudaDevice {
 
     fn counters(&self) -> DriverCounters {
         self.counters.snapshot()
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        let Some(f) = self.drv.api.stream_is_capturing else {
+            // A driver without capture (CUDA < 10) has no capturing stream.
+            return Ok(false);
+        };
+        let _ctx = self.ctx()?;
+        let mut status: c_int = 0;
+        // SAFETY: as in `record_event`; a valid out pointer.
+        let rc = unsafe { f(stream as usize as sys::CUstream, &mut status) };
+        self.drv.check("cuStreamIsCapturing", rc)?;
+        // CU_STREAM_CAPTURE_STATUS_ACTIVE = 1, _INVALIDATED = 2: either way the stream is still
+        // in a capture sequence, and the same calls are refused on it.
+        Ok(status != 0)
     }
 }

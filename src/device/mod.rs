@@ -257,4 +257,13 @@ pub trait Device: Send + Sync {
 
     /// Driver-like calls made so far.
     fn counters(&self) -> DriverCounters;
+
+    /// Whether `stream` is being captured into a CUDA graph now (`cuStreamIsCapturing`). Nothing
+    /// stream-ordered (an event record, a stream synchronisation) may be issued on such a stream,
+    /// and no device-wide synchronisation may run while one exists: on a GPU the call fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the user's capture. Devices that
+    /// cannot capture answer `false`.
+    fn is_capturing(&self, _stream: StreamId) -> DeviceResult<bool> {
+        Ok(false)
+    }
 }

@@ -50,6 +50,8 @@ use super::{
 };
 use crate::config::Config;
 
+mod capture;
+
 /// Where the fake address space of a device without backing starts (an address no host
 /// allocation is likely to have, so a stray host write through it faults instead of corrupting).
 pub const FAKE_VA_BASE: DevPtr = 0x7e00_0000_0000;
@@ -362,6 +364,8 @@ struct State {
     used: u64,
     violations: Vec<String>,
     faults: Faults,
+    /// Streams in capture and the graphs they built (`capture.rs`).
+    captures: capture::Captures,
     /// The modelled host clock ([`SimDevice::advance_to`]), in nanoseconds.
     now_ns: u64,
     /// Host time spent blocked in synchronising calls waiting for launches not yet due.
@@ -648,6 +652,7 @@ impl State {
             self.violations
                 .push(format!("{call} of {ptr:#x}+{len} while {use_}"));
         }
+        self.note_graph_release(call, ptr, len);
     }
 
     /// Completes the work of `stream` up to its `submitted` count `upto`. With `wait` (a
@@ -771,6 +776,7 @@ impl SimDevice {
             used: 0,
             violations: Vec::new(),
             faults: Faults::default(),
+            captures: capture::Captures::default(),
             now_ns: 0,
             stall_ns: 0,
         };
@@ -822,6 +828,9 @@ impl SimDevice {
                 ));
                 break;
             }
+        }
+        if s.capture_launch(stream, ptr, len, &pages) {
+            return;
         }
         let st = s.streams.entry(stream).or_default();
         st.submitted += 1;
@@ -1117,6 +1126,7 @@ impl Device for SimDevice {
             s.violations
                 .push(format!("cuMemRelease of page {:#x} while {use_}", page.0));
         }
+        s.note_graph_page_release(page.0);
         let p = s.pages.remove(&page.0).expect("checked above");
         s.used -= p.size;
         if let Some(b) = s.backing.as_mut() {
@@ -1245,6 +1255,7 @@ impl Device for SimDevice {
         let mut s = self.state.lock();
         s.counters.event_record += 1;
         s.event("cuEventRecord", event)?;
+        s.capture_record(event, stream);
         let submitted = s.streams.get(&stream).map_or(0, |st| st.submitted);
         s.events.insert(event.0, Some((stream, submitted)));
         Ok(())
@@ -1253,7 +1264,9 @@ impl Device for SimDevice {
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         let mut s = self.state.lock();
         s.counters.event_query += 1;
-        Ok(match s.event("cuEventQuery", event)? {
+        let last = s.event("cuEventQuery", event)?;
+        s.capture_check_event("cuEventQuery", event)?;
+        Ok(match last {
             None => true, // never recorded: complete, as in CUDA
             Some((stream, upto)) => s.streams.get(&stream).is_none_or(|st| st.completed >= upto),
         })
@@ -1262,7 +1275,9 @@ impl Device for SimDevice {
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.event_synchronize += 1;
-        if let Some((stream, upto)) = s.event("cuEventSynchronize", event)? {
+        let last = s.event("cuEventSynchronize", event)?;
+        s.capture_check_event("cuEventSynchronize", event)?;
+        if let Some((stream, upto)) = last {
             // Only the work captured by the record completes; later launches stay pending.
             s.complete_upto(stream, upto, true);
         }
@@ -1272,6 +1287,7 @@ impl Device for SimDevice {
     fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.stream_synchronize += 1;
+        s.capture_check_sync("cuStreamSynchronize", Some(stream))?;
         s.complete_stream(stream, true);
         Ok(())
     }
@@ -1279,11 +1295,16 @@ impl Device for SimDevice {
     fn synchronize(&self) -> DeviceResult<()> {
         let mut s = self.state.lock();
         s.counters.device_synchronize += 1;
+        s.capture_check_sync("cuCtxSynchronize", None)?;
         s.complete_all(true);
         Ok(())
     }
 
     fn counters(&self) -> DriverCounters {
         self.state.lock().counters
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        Ok(self.is_stream_capturing(stream))
     }
 }

@@ -3,8 +3,10 @@
 // for NULL, and catching failures as `const std::exception&` (the concrete exception type is not
 // visible across the dlopen boundary, and PyTorch does not know it anyway).
 //
-// usage: torch_arena_harness <path/to/libtorch_arena.so> <threads|oom|hooks|badfree|hostile>
-// The library reads its configuration from TORCH_ARENA_CONF (the test sets a simulated device).
+// usage: torch_arena_harness <path/to/libtorch_arena.so>
+//            <threads|oom|hooks|badfree|hostile|graph|graph_cuda>
+// The library reads its configuration from TORCH_ARENA_CONF (the test sets a simulated device;
+// graph_cuda sets device:cuda and FAKE_LIBCUDA, the fake driver the harness loads first).
 // Prints "harness <scenario>: ok" and exits 0 on success; prints the failed check and exits 1.
 
 #include <dlfcn.h>
@@ -18,13 +20,16 @@
 #include <cstring>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -39,6 +44,18 @@ using ResetFn = void (*)();
 using MemoryFractionFn = void (*)(double, int);
 using RecordStreamFn = void (*)(void*, cudaStream_t);
 using BaseAllocFn = void* (*)(void*, size_t*);
+// The pool hooks, as PyTorch declares them (CUDAPluggableAllocator.h): MempoolId_t is
+// std::pair<unsigned long long, unsigned long long>; the filter a std::function, by value.
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+using StreamFilter = std::function<bool(cudaStream_t)>;
+using BeginPoolFn = void (*)(int, MempoolId, StreamFilter);
+using PoolFn = void (*)(int, MempoolId);
+struct PoolInfo {
+  uint32_t use_count, recording, released, states;
+  uint64_t mapped_pages, used_pages;
+};
+using PoolInfoFn = int (*)(int, uint64_t, uint64_t, PoolInfo*);
+using PoolOfFn = int (*)(void*, int, uint64_t*, uint64_t*);
 
 // The query calls, as the Python package declares them with ctypes.
 struct ReclaimReport {
@@ -728,14 +745,396 @@ int scenario_hostile(const Lib& lib) {
   return 0;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios "graph" (sim) and "graph_cuda" (fake driver): the hooks driven exactly as
+// torch.cuda.graph drives them (CUDAGraph.cpp): empty_cache at __enter__; begin_allocate_to_pool
+// with a filter, *then* the stream capture begins; allocations and frees on the capturing stream
+// (routed to the pool by the filter) and on another stream (general memory); the capture ends,
+// *then* end_allocate_to_pool; frees after capture; a second capture sharing the pool
+// (graph2.capture_begin(pool=graph1.pool())); a graph's reset calls release_pool.
+//
+// Oracle: every allocation carries a pattern; pool blocks freed during or after capture stay in a
+// "graph memory" shadow (a replay would read and write them), which only a later allocation of
+// the same pool may take. No general allocation may land in pool memory or overlap the shadow,
+// and every pattern (live blocks and shadow) must survive everything until the release. Before
+// the last release, a general request that needs the pool's pages fails with an out-of-memory
+// exception; after it, the same request succeeds.
+
+void* g_fake = nullptr;  // the fake driver's handle (graph_cuda)
+
+const size_t kPage = 2u << 20;
+const size_t kGraphCapacity = 256u << 20;  // the tests configure the device with this capacity
+
+// How a stream is put in capture: the sim has no way in through the ABI (the filter alone decides
+// what goes to the pool there); the fake driver has cuStreamBeginCapture.
+struct Capturer {
+  std::function<void(cudaStream_t)> begin;
+  std::function<bool(cudaStream_t)> end;  // false: the capture was invalidated
+  std::function<bool(cudaStream_t)> is_capturing;
+};
+
+struct PoolHooks {
+  BeginPoolFn begin;
+  PoolFn end;
+  PoolFn release;
+  PoolInfoFn info;
+  PoolOfFn pool_of;
+
+  explicit PoolHooks(void* h)
+      : begin(sym<BeginPoolFn>(h, "torch_arena_begin_allocate_to_pool")),
+        end(sym<PoolFn>(h, "torch_arena_end_allocate_to_pool")),
+        release(sym<PoolFn>(h, "torch_arena_release_pool")),
+        info(sym<PoolInfoFn>(h, "torch_arena_pool_info")),
+        pool_of(sym<PoolOfFn>(h, "torch_arena_pool_of")) {}
+
+  // 0 for general memory, else the pool's first id.
+  unsigned long long owner(void* p) const {
+    uint64_t a = 0, b = 0;
+    int rc = pool_of(p, 0, &a, &b);
+    CHECK(rc >= 0, "torch_arena_pool_of failed: " + std::to_string(rc));
+    return rc == 1 ? a : 0;
+  }
+};
+
+struct Tagged {
+  void* ptr;
+  size_t size;
+  uint64_t tag;
+  unsigned long long pool;  // 0 = general
+};
+
+bool overlap(const Tagged& a, void* p, size_t size) {
+  const uintptr_t x = reinterpret_cast<uintptr_t>(a.ptr), y = reinterpret_cast<uintptr_t>(p);
+  return x < y + size && y < x + a.size;
+}
+
+struct GraphRun {
+  const Lib& lib;
+  const PoolHooks& hooks;
+  std::vector<Tagged> general, pooled, shadow;  // live general, live pool, freed pool memory
+  uint64_t next_tag = 1000;
+
+  void check_all(const char* when) {
+    std::string why;
+    for (const auto* set : {&general, &pooled, &shadow}) {
+      for (const Tagged& b : *set) {
+        if (!check_pattern(b.ptr, b.size, b.tag, &why)) fail(std::string(when) + ": " + why);
+      }
+    }
+  }
+
+  void* alloc(size_t size, cudaStream_t s, unsigned long long want_pool) {
+    void* p = must_alloc(lib, size, s);
+    const unsigned long long got = hooks.owner(p);
+    CHECK(got == want_pool, "allocation " + hex(p) + " on stream " + hex(s) + " is in pool " +
+                                std::to_string(got) + ", expected " + std::to_string(want_pool));
+    for (const Tagged& b : general) CHECK(!overlap(b, p, size), "overlaps live general " + hex(b.ptr));
+    for (const Tagged& b : pooled) CHECK(!overlap(b, p, size), "overlaps live pool block " + hex(b.ptr));
+    std::vector<Tagged> kept;
+    for (const Tagged& b : shadow) {
+      if (!overlap(b, p, size)) {
+        kept.push_back(b);
+        continue;
+      }
+      // Only the pool that handed the memory out may reuse it (a replay orders that reuse).
+      CHECK(want_pool != 0 && b.pool == want_pool,
+            "allocation " + hex(p) + " (pool " + std::to_string(want_pool) +
+                ") takes graph memory of pool " + std::to_string(b.pool) + " at " + hex(b.ptr));
+    }
+    shadow.swap(kept);
+    const Tagged t{p, size, next_tag++, want_pool};
+    write_pattern(p, size, t.tag);
+    (want_pool ? pooled : general).push_back(t);
+    return p;
+  }
+
+  // Free the i-th live block of `set`; a pool block's memory joins the shadow.
+  void free_at(std::vector<Tagged>& set, size_t i, cudaStream_t s) {
+    const Tagged t = set[i];
+    set.erase(set.begin() + static_cast<long>(i));
+    lib.free(t.ptr, t.size, 0, s);
+    if (t.pool != 0) shadow.push_back(t);
+  }
+
+  void expect_oom(size_t size, cudaStream_t s, const char* why, const char* mention = nullptr) {
+    try {
+      void* p = lib.alloc(size, 0, s);
+      PoolInfo info{};
+      hooks.info(0, 1, 0, &info);
+      fail(std::string(why) + ": alloc(" + std::to_string(size) + ") succeeded at " + hex(p) +
+           "; reserved now " + std::to_string(lib.stat("reserved_bytes.all.current")) + ", pool 1 maps " +
+           std::to_string(info.mapped_pages) + " pages");
+    } catch (const std::exception& e) {
+      CHECK(starts_with(e.what(), kOomPrefix), std::string("not an OOM: ") + e.what());
+      CHECK(mention == nullptr || std::strstr(e.what(), mention) != nullptr,
+            std::string("the message does not mention ") + mention + ": " + e.what());
+    }
+  }
+
+  uint64_t pool_pages(MempoolId id) {
+    PoolInfo info{};
+    CHECK(hooks.info(0, id.first, id.second, &info) == 0, "pool info: " + lib.error());
+    return info.mapped_pages;
+  }
+
+  uint32_t use_count(MempoolId id) {
+    PoolInfo info{};
+    int rc = hooks.info(0, id.first, id.second, &info);
+    return rc == 0 ? info.use_count : 0;
+  }
+};
+
+int scenario_graph(const Lib& lib, void* h, const Capturer& cap) {
+  const PoolHooks hooks(h);
+  GraphRun g{lib, hooks, {}, {}, {}};
+  const cudaStream_t C = stream_of(0x5100), O = stream_of(0x5200), C2 = stream_of(0x5300);
+  const cudaStream_t Cs = stream_of(0x5500);  // a side stream of the first capture
+  const MempoolId pool{1, 0}, pool2{2, 0};
+  const size_t sizes[] = {512, 4000, 70000, 700u << 10, 3u << 20, 5u << 20, 9u << 20, 1u << 20};
+  lib.init(1);
+
+  // Static inputs, allocated before the capture.
+  for (size_t sz : sizes) {
+    g.alloc(sz, C, 0);
+    g.alloc(sz, O, 0);
+  }
+  // torch.cuda.graph.__enter__: synchronize, gc, empty_cache.
+  lib.reset();
+  g.check_all("after empty_cache before capture");
+  // Temporaries of the capturing stream die just before the capture: their pages sit idle on C,
+  // not yet proven unused, when allocations during the capture look for pages to take. Proving
+  // them must not record an event on C (it would be captured) or synchronise it.
+  for (size_t i = g.general.size(); i-- > 0;) {
+    if (g.general[i].size >= (1u << 20) && i % 2 == 0) g.free_at(g.general, i, C);
+  }
+
+  // capture_begin: the pool first (PyTorch: "beginAllocateStreamToPool is now called before
+  // cudaStreamBeginCapture"), with PyTorch's kind of filter (is this stream in our capture?).
+  hooks.begin(0, pool, [&](cudaStream_t s) { return (s == C || s == Cs) && cap.is_capturing(s); });
+  cap.begin(C);
+  cap.begin(Cs);
+  CHECK(g.use_count(pool) == 1, "pool use count after begin");
+  // Beginning a pool that is recording fails as in PyTorch (an exception, so that capture never
+  // starts) and leaves the recording one as it was.
+  try {
+    hooks.begin(0, pool, [](cudaStream_t) { return true; });
+    fail("begin_allocate_to_pool on a recording pool did not throw");
+  } catch (const std::exception& e) {
+    CHECK(std::strstr(e.what(), "already recording") != nullptr, e.what());
+  }
+  CHECK(g.use_count(pool) == 1, "pool use count after a refused begin");
+  // The side stream's blocks die during capture and nothing on it allocates again: their pages
+  // are the pool's cache, and every replay reads and writes them.
+  for (int i = 0; i < 3; ++i) g.alloc(10u << 20, Cs, pool.first);
+  while (g.pooled.size() > 0) g.free_at(g.pooled, 0, Cs);
+  const uint64_t side_pages = g.pool_pages(pool);
+  for (int i = 0; i < 32; ++i) {
+    const size_t sz = sizes[static_cast<size_t>(i) % 8] + static_cast<size_t>(i) * 512;
+    g.alloc(sz, C, pool.first);                       // captured work's memory: the pool
+    if (i % 3 == 2) g.free_at(g.pooled, g.pooled.size() / 2, C);  // freed during capture
+    g.alloc(sz / 2 + 1, O, 0);                        // another stream: general memory
+    if (i % 2 == 1) g.free_at(g.general, g.general.size() - 1, O);
+    if (i % 8 == 7) g.check_all("during capture");
+  }
+  // A tensor allocated before the capture dies during it (its block stays general memory, as
+  // in PyTorch); a pool block used on another stream (record_stream) dies during capture.
+  g.free_at(g.general, 0, C);
+  void* rs = g.alloc(6u << 20, C, pool.first);
+  lib.record_stream(rs, O);
+  g.free_at(g.pooled, g.pooled.size() - 1, C);
+  // Someone empties the cache mid-capture: nothing of the pool may go, nothing may synchronise
+  // the capturing stream or the device.
+  lib.reset();
+  g.check_all("after empty_cache during capture");
+  CHECK(g.pool_pages(pool) >= side_pages, "empty_cache during capture took pool pages");
+
+  // A second capture at once, on its own stream and pool (several pools at once).
+  hooks.begin(0, pool2, [&](cudaStream_t s) { return s == C2 && cap.is_capturing(s); });
+  cap.begin(C2);
+  for (int i = 0; i < 6; ++i) g.alloc(sizes[static_cast<size_t>(i)] + 512, C2, pool2.first);
+  g.free_at(g.pooled, g.pooled.size() - 1, C2);
+  CHECK(cap.end(C2), "the capture on C2 was invalidated");
+  hooks.end(0, pool2);
+
+  // capture_end: the capture first, then end_allocate_to_pool.
+  CHECK(cap.end(Cs), "the capture on the side stream was invalidated");
+  CHECK(cap.end(C), "the capture on C was invalidated");
+  hooks.end(0, pool);
+  g.check_all("after capture end");
+
+  // After capture: C serves general memory again; graph outputs die.
+  for (size_t sz : sizes) g.alloc(sz + 4096, C, 0);
+  for (size_t i = 0; i < 6 && !g.pooled.empty(); ++i) g.free_at(g.pooled, 0, C);
+  for (size_t sz : sizes) g.alloc(sz * 2, O, 0);
+  g.check_all("after frees after capture");
+
+  // A second graph captured into the same pool (pool=graph1.pool()): it may reuse what the
+  // first graph's capture freed (replays run in capture order), nothing else may.
+  hooks.begin(0, pool, [&](cudaStream_t s) { return (s == C || s == Cs) && cap.is_capturing(s); });
+  cap.begin(C);
+  CHECK(g.use_count(pool) == 2, "shared pool use count: " + std::to_string(g.use_count(pool)));
+  for (int i = 0; i < 8; ++i) g.alloc(sizes[static_cast<size_t>(i)], C, pool.first);
+  CHECK(cap.end(C), "the second capture was invalidated");
+  hooks.end(0, pool);
+  g.check_all("after the second capture");
+
+  // The pool keeps its pages until its last release: a general request that needs them fails.
+  while (!g.general.empty()) g.free_at(g.general, g.general.size() - 1, O);
+  hooks.release(0, pool2);  // graph on C2 reset: its pool goes, and so do its pages
+  for (size_t i = 0; i < g.pooled.size();) {
+    if (g.pooled[i].pool == pool2.first) {
+      g.free_at(g.pooled, i, C2);
+    } else {
+      ++i;
+    }
+  }
+  // No graph of pool 2 is left to replay: its memory may go (and is unmapped by empty_cache).
+  std::vector<Tagged> kept;
+  for (const Tagged& b : g.shadow) {
+    if (b.pool != pool2.first) kept.push_back(b);
+  }
+  g.shadow.swap(kept);
+  const uint64_t before_reset = g.pool_pages(pool);
+  lib.reset();
+  CHECK(g.pool_pages(pool) == before_reset, "empty_cache took pages of a live pool");
+  g.check_all("after empty_cache with a live pool");
+  const auto reserved = static_cast<size_t>(lib.stat("reserved_bytes.all.current"));
+  CHECK(reserved < kGraphCapacity, "reserved " + std::to_string(reserved));
+  PoolInfo info{};
+  CHECK(hooks.info(0, pool.first, pool.second, &info) == 0, "pool 1 info: " + lib.error());
+  CHECK(info.mapped_pages >= 4, "pool 1 holds only " + std::to_string(info.mapped_pages) + " pages");
+  const size_t big = kGraphCapacity - reserved + 2 * kPage;
+  g.expect_oom(big, O, "before any release", "private pool");
+  g.check_all("after the refused request");
+  hooks.release(0, pool);  // graph 2 reset: pool 1 still used by graph 1
+  CHECK(g.use_count(pool) == 1, "use count after one release");
+  g.expect_oom(big, O, "after one of two releases");
+  g.check_all("after one release");
+
+  // Graph 1 reset: the last release. Its outputs die afterwards; then the memory serves again.
+  hooks.release(0, pool);
+  while (!g.pooled.empty()) g.free_at(g.pooled, g.pooled.size() - 1, C);
+  g.shadow.clear();  // no graph left to replay
+  void* p = g.alloc(big, O, 0);
+  g.check_all("after the request that needed the pool's pages");
+  g.free_at(g.general, g.general.size() - 1, O);
+  (void)p;
+  lib.reset();
+  CHECK(hooks.info(0, pool.first, pool.second, &info) != 0, "pool 1 still exists after empty_cache");
+  CHECK(lib.stat("reserved_bytes.all.current") == 0,
+        "reserved after the end: " + std::to_string(lib.stat("reserved_bytes.all.current")));
+  std::printf("graph: %zu-byte request refused while the pool held %" PRIu64 " pages, served after release\n",
+              big, info.mapped_pages);
+  return 0;
+}
+
+int scenario_graph_sim(const Lib& lib, void* h) {
+  CHECK(sim_backing(), "the graph scenario needs sim_backing:True");
+  // The sim has no capture through the ABI: the filter's "capturing" is this flag.
+  auto capturing = std::make_shared<std::map<uintptr_t, bool>>();
+  Capturer cap{
+      [capturing](cudaStream_t s) { (*capturing)[reinterpret_cast<uintptr_t>(s)] = true; },
+      [capturing](cudaStream_t s) {
+        capturing->erase(reinterpret_cast<uintptr_t>(s));
+        return true;
+      },
+      [capturing](cudaStream_t s) { return capturing->count(reinterpret_cast<uintptr_t>(s)) != 0; }};
+  return scenario_graph(lib, h, cap);
+}
+
+int scenario_graph_cuda(const Lib& lib, void* h) {
+  using CuInit = int (*)(unsigned);
+  using CuRetain = int (*)(void**, int);
+  using CuSetCurrent = int (*)(void*);
+  using CuBeginCapture = int (*)(void*, int);
+  using CuEndCapture = int (*)(void*, void**);
+  using CuIsCapturing = int (*)(void*, int*);
+  using CuStreamSync = int (*)(void*);
+  using CuMemAlloc = int (*)(unsigned long long*, size_t);
+  using Count = long long (*)(const char*);
+  using Violations = long long (*)();
+  using LastViolation = size_t (*)(char*, size_t);
+  using SetCapacity = void (*)(unsigned long long);
+  auto cu_init = sym<CuInit>(g_fake, "cuInit");
+  auto retain = sym<CuRetain>(g_fake, "cuDevicePrimaryCtxRetain");
+  auto set_current = sym<CuSetCurrent>(g_fake, "cuCtxSetCurrent");
+  auto begin = sym<CuBeginCapture>(g_fake, "cuStreamBeginCapture_v2");
+  auto end = sym<CuEndCapture>(g_fake, "cuStreamEndCapture");
+  auto is_capturing = sym<CuIsCapturing>(g_fake, "cuStreamIsCapturing");
+  auto stream_sync = sym<CuStreamSync>(g_fake, "cuStreamSynchronize");
+  auto mem_alloc = sym<CuMemAlloc>(g_fake, "cuMemAlloc_v2");
+  auto count = sym<Count>(g_fake, "fake_cuda_count");
+  auto violations = sym<Violations>(g_fake, "fake_cuda_capture_violations");
+  auto captured_records = sym<Violations>(g_fake, "fake_cuda_captured_records");
+  auto last_violation = sym<LastViolation>(g_fake, "fake_cuda_last_capture_violation");
+  sym<SetCapacity>(g_fake, "fake_cuda_set_capacity")(kGraphCapacity);
+
+  // This thread plays PyTorch's: the device's primary context is current, as the CUDA runtime
+  // makes it.
+  CHECK(cu_init(0) == 0, "cuInit");
+  void* ctx = nullptr;
+  CHECK(retain(&ctx, 0) == 0 && set_current(ctx) == 0, "primary context");
+  auto why = [&] {
+    char buf[256];
+    last_violation(buf, sizeof buf);
+    return std::string(buf);
+  };
+  const long long creates_before = count("cuMemCreate");
+  Capturer cap{
+      // torch.cuda.graph's default capture_error_mode is "global".
+      [&](cudaStream_t s) { CHECK(begin(s, 0) == 0, "cuStreamBeginCapture_v2"); },
+      [&](cudaStream_t s) {
+        void* graph = nullptr;
+        const int rc = end(s, &graph);
+        if (rc != 0) std::printf("cuStreamEndCapture: %d (%s)\n", rc, why().c_str());
+        return rc == 0;
+      },
+      [&](cudaStream_t s) {
+        int status = 0;
+        CHECK(is_capturing(s, &status) == 0, "cuStreamIsCapturing");
+        return status == 1;
+      }};
+  int rc = scenario_graph(lib, h, cap);
+  if (rc != 0) return rc;
+  CHECK(count("cuInit") > 0 && count("cuMemCreate") > creates_before,
+        "the library did not run on the fake driver");
+  CHECK(violations() == 0, "a call forbidden during capture reached the driver: " + why());
+  CHECK(captured_records() == 0,
+        "an event was recorded on a capturing stream: " + std::to_string(captured_records()));
+  CHECK(count("cuThreadExchangeStreamCaptureMode") > 0, "the library never relaxed the capture mode");
+
+  // The fake does refuse what it must (so the zero above means something): in global mode a
+  // cudaMalloc-like call during capture, and a capturing stream's synchronisation.
+  const cudaStream_t X = stream_of(0x5400);
+  CHECK(begin(X, 0) == 0, "cuStreamBeginCapture_v2(X)");
+  unsigned long long dptr = 0;
+  CHECK(mem_alloc(&dptr, 1 << 20) == 900, "cuMemAlloc during a global capture was not refused");
+  CHECK(stream_sync(X) == 900, "cuStreamSynchronize of a capturing stream was not refused");
+  CHECK(violations() == 2, "violations: " + std::to_string(violations()));
+  void* graph = nullptr;
+  CHECK(end(X, &graph) == 901, "an invalidated capture ended without CUDA_ERROR_STREAM_CAPTURE_INVALIDATED");
+  std::printf("graph_cuda: %lld cuMemCreate, %lld capture-mode switches, no forbidden call\n",
+              count("cuMemCreate") - creates_before, count("cuThreadExchangeStreamCaptureMode"));
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s <libtorch_arena.so> <threads|oom|hooks|badfree|hostile>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s <libtorch_arena.so> <threads|oom|hooks|badfree|hostile|graph|graph_cuda>\n",
+                 argv[0]);
     return 2;
   }
   g_scenario = argv[2];
+  if (g_scenario == "graph_cuda") {
+    // The fake driver first, RTLD_GLOBAL: the library's dlopen("libcuda.so.1") then finds it by
+    // its SONAME, as in tests/fixtures/fakecuda.rs.
+    const char* fake = std::getenv("FAKE_LIBCUDA");
+    if (fake == nullptr) fail("FAKE_LIBCUDA is not set");
+    g_fake = dlopen(fake, RTLD_NOW | RTLD_GLOBAL);
+    if (g_fake == nullptr) fail(std::string("dlopen(FAKE_LIBCUDA): ") + dlerror());
+  }
   void* h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) fail(std::string("dlopen: ") + dlerror());
   Lib lib(h);
@@ -750,6 +1149,10 @@ int main(int argc, char** argv) {
     rc = scenario_badfree(lib);
   } else if (g_scenario == "hostile") {
     rc = scenario_hostile(lib);
+  } else if (g_scenario == "graph") {
+    rc = scenario_graph_sim(lib, h);
+  } else if (g_scenario == "graph_cuda") {
+    rc = scenario_graph_cuda(lib, h);
   } else {
     fail("unknown scenario");
   }

@@ -118,8 +118,10 @@ def test_torch_arena_1_installs_the_allocator_when_torch_is_imported():
         "set_memory_fraction_fn",
         "set_record_stream_fn",
         "set_base_alloc_fn",
-    ] + [h for h in r["hooks"] if h in ("set_end_allocate_to_pool_fn", "set_release_pool")]
-    assert "set_begin_allocate_to_pool" not in r["hooks"]
+        "set_begin_allocate_to_pool",
+        "set_end_allocate_to_pool_fn",
+        "set_release_pool",
+    ]
 
 
 @pytest.mark.parametrize(
