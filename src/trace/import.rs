@@ -23,6 +23,11 @@ const ACCEPTED: &str = "accepted formats: a torch-arena trace (first line 'torch
 /// Opens `path` for reading: plain, or inflated under the budget when it starts with the gzip
 /// magic bytes (`1f 8b`).
 pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    open_sized(path).map(|(r, _)| r)
+}
+
+/// [`open`], and the most bytes the reader can yield: the file's size, or its inflate budget.
+fn open_sized(path: &Path) -> Result<(Box<dyn BufRead>, u64)> {
     let name = path.display().to_string();
     let file = File::open(path)
         .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
@@ -32,12 +37,15 @@ pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead>> {
         .fill_buf()
         .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
     if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(BufReader::with_capacity(
-            1 << 16,
-            Inflate::new(&name, raw, compressed),
-        )))
+        Ok((
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                Inflate::new(&name, raw, compressed),
+            )),
+            super::pickle::inflate_budget(compressed),
+        ))
     } else {
-        Ok(Box::new(raw))
+        Ok((Box::new(raw), compressed))
     }
 }
 
@@ -57,7 +65,7 @@ fn read_err(name: &str, e: std::io::Error) -> Error {
 /// format. Errors name the file and, for corrupt input, the byte offset or line.
 pub fn load(path: &Path) -> Result<Trace> {
     let name = path.display().to_string();
-    let mut input = open(path)?;
+    let (mut input, most) = open_sized(path)?;
     let mut head = Vec::with_capacity(SNIFF_BYTES);
     (&mut input)
         .take(SNIFF_BYTES as u64)
@@ -73,6 +81,9 @@ pub fn load(path: &Path) -> Result<Trace> {
         return Err(not_a_trace(&name, &head));
     }
     let mut data = head;
+    // Reserve address space for the whole budget (pages are touched only as bytes arrive), so
+    // growing never copies: a refused bomb costs the bytes it inflated, not twice as many.
+    data.reserve((most.min(1 << 30) as usize).saturating_sub(data.len()));
     input
         .read_to_end(&mut data)
         .map_err(|e| read_err(&name, e))?;

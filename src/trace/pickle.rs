@@ -754,7 +754,12 @@ impl<'a> Unpickler<'a> {
             .marks
             .pop()
             .ok_or_else(|| self.err("no MARK on the stack"))?;
-        Ok(self.stack.split_off(m.min(self.stack.len())))
+        let items = self.stack.split_off(m.min(self.stack.len()));
+        if self.stack.capacity() > 1 << 16 && self.stack.len() < self.stack.capacity() / 4 {
+            // A long MARK frame is now a container of its own: give its stack room back.
+            self.stack.shrink_to(self.stack.len() * 2);
+        }
+        Ok(items)
     }
 
     /// The top of the stack, which must be at or above the current mark.
@@ -792,7 +797,12 @@ impl<'a> Unpickler<'a> {
         if let Val::Obj(i) = top
             && let Some(Obj::List(l)) = self.objs.get_mut(i as usize)
         {
-            l.extend(items);
+            if l.is_empty() {
+                // The usual `EMPTY_LIST MARK ... APPENDS`: take the items' buffer, no copy.
+                *l = items;
+            } else {
+                l.extend(items);
+            }
             return Ok(());
         }
         let t = self.type_of(top);
