@@ -233,7 +233,7 @@ fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
             "alloc" | "free_completed" => {
                 let addr = uint(name, e, "addr", &|| path(i))?;
                 let size = uint(name, e, "size", &|| path(i))?;
-                let stream = opt_bits(name, &e, "stream", &|| path(i))?.unwrap_or(0);
+                let stream = opt_bits(name, e, "stream", &|| path(i))?.unwrap_or(0);
                 let time_us = match e.get("time_us").and_then(Value::as_f64) {
                     Some(t) => (t - t0) as i64,
                     None => 0,
