@@ -171,19 +171,25 @@ fn multi_device_recording_keeps_the_busiest_device_and_renumbers_reused_pointers
     drop(f);
     let t = format::read(&p).unwrap();
     assert_eq!(t.device, 1);
-    assert_eq!(t.events.len(), 5);
+    // The free of 0x300, never allocated in the file, was allocated before recording began: it
+    // is seeded (allocated first, with the free's size), as every importer does through
+    // `Window`. Before issue 12 item 6 this reader gave it an unmatched id that the replay
+    // skipped, so the same recording replayed differently as a snapshot and as our format.
+    assert_eq!(t.events.len(), 6);
+    assert_eq!(t.seeded, 1);
+    assert_eq!(t.kind, Kind::Partial);
+    let seed = t.events[0];
+    assert_eq!((seed.op, seed.size), (Op::Alloc, 7));
+    assert_eq!((t.events[5].op, t.events[5].id), (Op::Free, seed.id));
+    let w = &t.events[1..];
     assert_eq!(t.sites, ["unknown", "x.py:1 in f"]);
-    assert_eq!(t.events[0].site, 1);
-    // The reused pointer gets a new id; the free of an unknown pointer an id of its own.
-    assert_eq!(
-        (t.events[0].id, t.events[1].id),
-        (t.events[0].id, t.events[0].id)
-    );
-    assert_ne!(t.events[2].id, t.events[0].id);
-    assert_eq!(t.events[3].id, t.events[2].id);
-    assert_eq!(t.events[3].size, 20);
-    assert!(t.events[..4].iter().all(|e| e.id != t.events[4].id));
-    assert_eq!(t.kind, Kind::Fresh);
+    assert_eq!(w[0].site, 1);
+    // The reused pointer gets a new id.
+    assert_eq!((w[0].id, w[1].id), (w[0].id, w[0].id));
+    assert_ne!(w[2].id, w[0].id);
+    assert_eq!(w[3].id, w[2].id);
+    assert_eq!(w[3].size, 20);
+    assert!(w[..4].iter().all(|e| e.id != seed.id));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::Instant;
 mod shared_traces;
 use shared_traces::traces_dir;
 
-use torch_arena::trace::pickle::{self, Value};
+use torch_arena::trace::pickle;
 use torch_arena::trace::{self, Kind, Op, Source, Trace, rmm, torch_snapshot};
 
 const MIB: f64 = (1u64 << 20) as f64;
@@ -423,37 +423,42 @@ fn ordered_dict_snapshot_loads_with_seeds_kind_and_native_reserved() {
     assert_eq!(t.native.as_ref().unwrap().peak, 40 << 20);
 }
 
+/// Pickle bytes written by CPython: `code` builds `obj` (plain data; `collections` is imported).
+pub fn python_pickle(code: &str, protocol: u32) -> Vec<u8> {
+    let script = format!(
+        "import collections, pickle, sys\n{code}\nsys.stdout.buffer.write(pickle.dumps(obj, {protocol}))\n"
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("python3 is needed to write test pickles (CI has it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 #[test]
 fn malformed_snapshot_names_the_key_path() {
-    let bytes = std::fs::read(fixtures().join("partial_plain_p4.pickle")).unwrap();
-    let v = pickle::loads("snap.pickle", &bytes).unwrap();
-    // Drop 'size' from device_traces[1][2].
-    let Value::Dict(top) = &v else { panic!() };
-    let mut top = (**top).clone();
-    for (k, val) in top.iter_mut() {
-        if k.as_str() == Some("device_traces") {
-            let mut devs = val.as_seq().unwrap().to_vec();
-            let mut d1 = devs[1].as_seq().unwrap().to_vec();
-            let e: Vec<(Value, Value)> = d1[2]
-                .as_dict()
-                .unwrap()
-                .iter()
-                .filter(|(k, _)| k.as_str() != Some("size"))
-                .cloned()
-                .collect();
-            d1[2] = Value::Dict(e.into());
-            devs[1] = Value::List(d1.into());
-            *val = Value::List(devs.into());
-        }
-    }
-    let e = torch_snapshot::from_value("snap.pickle", &Value::Dict(top.into()))
+    // device_traces[1][2] has no 'size'.
+    let bytes = python_pickle(
+        "e = lambda a, s: dict(action=a, addr=16, size=s, stream=0)\n\
+         obj = dict(segments=[], device_traces=[[], [e('alloc', 1), e('alloc', 2), dict(action='alloc', addr=32)]])",
+        4,
+    );
+    let p = pickle::loads("snap.pickle", &bytes).unwrap();
+    let e = torch_snapshot::from_value("snap.pickle", &p.root())
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("snap.pickle") && e.contains("device_traces[1][2]: 'size' missing"),
         "{e}"
     );
-    let e = torch_snapshot::from_value("x.pickle", &Value::Int(3))
+    let p = pickle::loads("x.pickle", b"K\x03.").unwrap();
+    let e = torch_snapshot::from_value("x.pickle", &p.root())
         .unwrap_err()
         .to_string();
     assert!(e.contains("x.pickle") && e.contains("top level"), "{e}");
@@ -594,7 +599,7 @@ fn random_byte_flips_never_panic() {
             }
         }
         match pickle::loads("fuzz.pickle", &b)
-            .and_then(|v| torch_snapshot::from_value("fuzz.pickle", &v))
+            .and_then(|p| torch_snapshot::from_value("fuzz.pickle", &p.root()))
         {
             Ok(_) => ok += 1,
             Err(e) => {

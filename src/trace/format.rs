@@ -20,17 +20,16 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Write};
+use std::io::{self, BufRead, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use flate2::Compression;
-use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use parking_lot::Mutex;
 
-use super::{Event, Kind, NativeReserved, Op, Source, Trace};
+use super::{Kind, NativeReserved, Op, Source, Trace, Window};
 use crate::device::{DevPtr, StreamId};
 use crate::error::{Error, Result};
 
@@ -45,24 +44,6 @@ fn err(path: &Path, line: usize, msg: impl std::fmt::Display) -> Error {
     Error::Trace(format!("{}:{line}: {msg}", path.display()))
 }
 
-/// Opens `path`, decompressing it when it starts with the gzip magic bytes.
-fn open(path: &Path) -> Result<Box<dyn BufRead>> {
-    let file = File::open(path)
-        .map_err(|e| Error::Trace(format!("cannot open trace {}: {e}", path.display())))?;
-    let mut raw = BufReader::with_capacity(1 << 16, file);
-    let head = raw
-        .fill_buf()
-        .map_err(|e| Error::Trace(format!("cannot read trace {}: {e}", path.display())))?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(BufReader::with_capacity(
-            1 << 16,
-            MultiGzDecoder::new(raw),
-        )))
-    } else {
-        Ok(Box::new(raw))
-    }
-}
-
 /// Parses a number written in decimal or as `0x` hexadecimal.
 fn num(s: &str) -> Option<u64> {
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -71,25 +52,39 @@ fn num(s: &str) -> Option<u64> {
     }
 }
 
-/// The events of one device while reading.
-#[derive(Default)]
+/// The events of one device while reading: pointers become ids through the same [`Window`] as
+/// every other importer (a free of a pointer never allocated in the file is seeded).
 struct DeviceEvents {
-    events: Vec<Event>,
-    /// Live pointer → (id, size).
-    live: HashMap<u64, (u64, u64)>,
+    window: Window,
     native: Option<NativeReserved>,
 }
 
-/// Reads a `torch-arena-trace` file (plain or gzip). A multi-device recording keeps the device
-/// with the most events. Every error names the file and, for bad content, the line.
+impl Default for DeviceEvents {
+    fn default() -> Self {
+        DeviceEvents {
+            // Ids from 1, as the recorder and `write` number them, so a written trace reads
+            // back with the same ids.
+            window: Window::starting_at(1),
+            native: None,
+        }
+    }
+}
+
+/// Reads a `torch-arena-trace` file (plain or gzip, inflated under the parser budget,
+/// [`super::pickle::inflate_budget`]). A multi-device recording keeps the device with the most
+/// events. Every error names the file and, for bad content, the line.
 pub fn read(path: &Path) -> Result<Trace> {
-    let mut input = open(path)?;
+    let input = super::import::open(path)?;
+    read_from(path, input)
+}
+
+/// Reads a `torch-arena-trace` stream; `path` names it in errors and gives the trace its name.
+pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result<Trace> {
     let mut devices: HashMap<i32, DeviceEvents> = HashMap::new();
     let mut site_ids: HashMap<u64, u32> = HashMap::new();
     let mut sites = vec!["unknown".to_string()];
     let mut kind = Kind::Fresh;
     let mut seeded = 0usize;
-    let mut next_id = 1u64;
     let mut buf = String::new();
     let mut lineno = 0usize;
     loop {
@@ -210,7 +205,7 @@ pub fn read(path: &Path) -> Result<Trace> {
                             }
                         }
                     };
-                    if d.live.contains_key(&ptr) {
+                    if d.window.live.contains_key(&ptr) {
                         return Err(err(
                             path,
                             lineno,
@@ -220,32 +215,11 @@ pub fn read(path: &Path) -> Result<Trace> {
                             ),
                         ));
                     }
-                    let id = next_id;
-                    next_id += 1;
-                    d.live.insert(ptr, (id, size));
-                    d.events.push(Event {
-                        op: Op::Alloc,
-                        id,
-                        size,
-                        stream,
-                        time_us,
-                        site,
-                    });
+                    d.window.alloc(ptr, size, stream, time_us, site);
                 } else {
-                    // A free of a pointer allocated before recording began gets an id of its
-                    // own: the replay counts and skips it.
-                    let (id, size) = d.live.remove(&ptr).unwrap_or_else(|| {
-                        next_id += 1;
-                        (next_id - 1, size)
-                    });
-                    d.events.push(Event {
-                        op: Op::Free,
-                        id,
-                        size,
-                        stream,
-                        time_us,
-                        site: 0,
-                    });
+                    // A free of a pointer allocated before recording began is seeded, as in
+                    // every importer: allocated before event 0 with the free's size.
+                    d.window.free(ptr, size, stream, time_us);
                 }
             }
             "site" => {
@@ -272,7 +246,7 @@ pub fn read(path: &Path) -> Result<Trace> {
                     truncated(format!("bad line {line:?}: expected '{word} DEVICE BYTES'"))
                 })?;
                 let d = devices.entry(device).or_default();
-                let at = d.events.len();
+                let at = d.window.events.len();
                 match (&mut d.native, word) {
                     (Some(n), "reserved") => n.changes.push((at, bytes)),
                     (None, "reserved") if at == 0 => {
@@ -321,15 +295,28 @@ pub fn read(path: &Path) -> Result<Trace> {
     }
     let (device, d) = devices
         .into_iter()
-        .max_by_key(|(dev, d)| (d.events.len(), std::cmp::Reverse(*dev)))
+        .max_by_key(|(dev, d)| (d.window.events.len(), std::cmp::Reverse(*dev)))
         .unwrap_or((0, DeviceEvents::default()));
-    if seeded > d.events.len() {
+    if seeded > d.window.events.len() {
         return Err(Error::Trace(format!(
             "{}: 'seeded {seeded}' is more than the {} events of device {device}",
             path.display(),
-            d.events.len()
+            d.window.events.len()
         )));
     }
+    // Frees of pointers the file never allocated were seeded: they go first.
+    let new_seeds = d.window.seeds.len();
+    let mut native = d.native;
+    if let Some(n) = native.as_mut() {
+        for c in &mut n.changes {
+            c.0 += new_seeds;
+        }
+    }
+    if new_seeds > 0 && kind == Kind::Fresh {
+        kind = Kind::Partial;
+    }
+    let (events, _) = d.window.finish();
+    let seeded = seeded + new_seeds;
     Ok(Trace {
         name: path
             .file_name()
@@ -339,9 +326,9 @@ pub fn read(path: &Path) -> Result<Trace> {
         kind,
         device,
         seeded,
-        events: d.events,
+        events,
         sites,
-        native: d.native,
+        native,
     })
 }
 

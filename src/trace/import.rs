@@ -1,8 +1,17 @@
 //! Read any supported trace file, choosing the importer from its content.
+//!
+//! A gzip file is inflated as a stream under [`super::pickle::inflate_budget`]: the format is sniffed
+//! from the first [`SNIFF_BYTES`] inflated bytes, so a stream that is not a trace is
+//! refused after a few KB, and one that inflates beyond its budget is refused when it crosses it
+//! (a 4 MB bomb after at most 264 MB, not 4 GiB). Our own text format is then parsed as a stream;
+//! pickles and RMM logs are read whole (within the budget) and parsed from memory.
 
+use std::fs::File;
+use std::io::{BufRead, BufReader, Cursor, Read};
 use std::path::Path;
 
 use super::Trace;
+use super::pickle::{Inflate, SNIFF_BYTES};
 use crate::error::{Error, Result};
 
 /// What `load` accepts, for error messages.
@@ -11,53 +20,132 @@ const ACCEPTED: &str = "accepted formats: a torch-arena trace (first line 'torch
                         (protocol 2+: starts with byte 0x80), an RMM logging_resource_adaptor CSV log (header \
                         'Thread,Time,Action,Pointer,Size,Stream'); each may be gzip-compressed";
 
-/// Load `path`: a torch-arena trace (`.gz` too), a PyTorch snapshot pickle (`.gz` too), or an RMM
-/// CSV log. The format is decided by the content, not the name: gzip magic bytes → decompress
-/// first; a pickle (`PROTO` opcode 0x80, or a protocol 0/1 dict or list ending in `STOP`) → PyTorch
-/// snapshot; `Thread,Time,Action` → RMM CSV;
-/// `torch-arena-trace` → our own format. Errors name the file and, for corrupt input, the byte
-/// offset or line.
-pub fn load(path: &Path) -> Result<Trace> {
-    let name = path.display().to_string();
-    let data = std::fs::read(path)
-        .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
-    let data = super::pickle::gunzip_if_gzip(&name, data)?;
-    load_bytes(&name, path, &data)
+/// Opens `path` for reading: plain, or inflated under the budget when it starts with the gzip
+/// magic bytes (`1f 8b`).
+pub(crate) fn open(path: &Path) -> Result<Box<dyn BufRead>> {
+    open_sized(path).map(|(r, _)| r)
 }
 
-/// Dispatch on decompressed content. `path` is what the torch-arena reader is handed.
-fn load_bytes(name: &str, path: &Path, data: &[u8]) -> Result<Trace> {
-    let text_start = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
-    if is_pickle(data) {
-        super::torch_snapshot::from_bytes(name, data)
-    } else if text_start.starts_with(b"Thread,Time,Action") {
-        super::rmm::from_bytes(name, text_start)
-    } else if text_start.starts_with(b"torch-arena-trace") {
-        read_arena_trace(path)
+/// [`open`], and the most bytes the reader can yield: the file's size, or its inflate budget.
+fn open_sized(path: &Path) -> Result<(Box<dyn BufRead>, u64)> {
+    let name = path.display().to_string();
+    let file = File::open(path)
+        .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
+    let compressed = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut raw = BufReader::with_capacity(1 << 16, file);
+    let head = raw
+        .fill_buf()
+        .map_err(|e| Error::Trace(format!("cannot read trace file {name}: {e}")))?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok((
+            Box::new(BufReader::with_capacity(
+                1 << 16,
+                Inflate::new(&name, raw, compressed),
+            )),
+            super::pickle::inflate_budget(compressed),
+        ))
     } else {
-        let shown: String = data
-            .iter()
-            .take(16)
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(" ");
-        Err(Error::Trace(format!(
-            "{name}: not a trace format torch-arena knows (first bytes: {shown}); {ACCEPTED}"
-        )))
+        Ok((Box::new(raw), compressed))
     }
 }
 
-/// A pickle: protocol 2+ starts with `PROTO` (0x80); protocols 0 and 1 have no header, so accept
-/// their usual first opcode for a dict or list (`(`, `}`, `]`) when the data ends with `STOP`.
-fn is_pickle(data: &[u8]) -> bool {
-    match data.first() {
-        Some(0x80) => true,
-        Some(b'(' | b'}' | b']') => data.last() == Some(&b'.'),
+fn read_err(name: &str, e: std::io::Error) -> Error {
+    let m = e.to_string();
+    if m.starts_with(name) {
+        Error::Trace(m)
+    } else {
+        Error::Trace(format!("cannot read trace file {name}: {m}"))
+    }
+}
+
+/// Load `path`: a torch-arena trace (`.gz` too), a PyTorch snapshot pickle (`.gz` too), or an RMM
+/// CSV log. The format is decided by the content, not the name: gzip magic bytes → inflate as a
+/// stream first; a pickle (`PROTO` opcode 0x80, or a protocol 0/1 dict, list or global ending in
+/// `STOP`) → PyTorch snapshot; `Thread,Time,Action` → RMM CSV; `torch-arena-trace` → our own
+/// format. Errors name the file and, for corrupt input, the byte offset or line.
+pub fn load(path: &Path) -> Result<Trace> {
+    let name = path.display().to_string();
+    let (mut input, most) = open_sized(path)?;
+    let mut head = Vec::with_capacity(SNIFF_BYTES);
+    (&mut input)
+        .take(SNIFF_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| read_err(&name, e))?;
+    let text_start = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&head);
+    if text_start.starts_with(b"torch-arena-trace") {
+        let chained: Box<dyn BufRead> = Box::new(Cursor::new(head).chain(input));
+        return super::format::read_from(path, chained);
+    }
+    let is_rmm = text_start.starts_with(b"Thread,Time,Action");
+    if !is_rmm && !may_be_pickle(&head) {
+        return Err(not_a_trace(&name, &head));
+    }
+    let mut data = head;
+    // Reserve address space for the whole budget (pages are touched only as bytes arrive), so
+    // growing never copies: a refused bomb costs the bytes it inflated, not twice as many.
+    data.reserve((most.min(1 << 30) as usize).saturating_sub(data.len()));
+    input
+        .read_to_end(&mut data)
+        .map_err(|e| read_err(&name, e))?;
+    if is_rmm {
+        let text_start = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&data);
+        super::rmm::from_bytes(&name, text_start)
+    } else if is_pickle(&data) {
+        super::torch_snapshot::from_bytes(&name, &data)
+    } else {
+        Err(not_a_trace(&name, &data))
+    }
+}
+
+fn not_a_trace(name: &str, data: &[u8]) -> Error {
+    let shown: String = data
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    Error::Trace(format!(
+        "{name}: not a trace format torch-arena knows (first bytes: {shown}); {ACCEPTED}"
+    ))
+}
+
+/// From its first bytes, could this be a pickle? Protocol 2+ starts with `PROTO` (0x80);
+/// protocols 0 and 1 have no header: their usual first opcodes for a snapshot are `(`, `}`, `]`
+/// (a dict or list) or `c` (a GLOBAL, `collections.OrderedDict`, whose module name follows on
+/// its own line).
+fn may_be_pickle(head: &[u8]) -> bool {
+    match head.first() {
+        Some(0x80 | b'(' | b'}' | b']') => true,
+        Some(b'c') => {
+            let line = head[1..].split(|&b| b == b'\n').next().unwrap_or(&[]);
+            line.len() < head.len() - 1
+                && !line.is_empty()
+                && line
+                    .iter()
+                    .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+        }
         _ => false,
     }
 }
 
-/// Our own text format, read by `format::read` (which decompresses by itself).
-fn read_arena_trace(path: &Path) -> Result<Trace> {
-    super::format::read(path)
+/// A pickle: [`may_be_pickle`], and for protocols 0 and 1 the data ends with `STOP`.
+fn is_pickle(data: &[u8]) -> bool {
+    match data.first() {
+        Some(0x80) => true,
+        Some(_) => may_be_pickle(data) && data.last() == Some(&b'.'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_0_pickles_starting_with_a_global_are_pickles() {
+        assert!(is_pickle(b"ccollections\nOrderedDict\np0\n(tRp1\n."));
+        assert!(!is_pickle(b"cat and dog\n."));
+        assert!(!is_pickle(b"c"));
+        assert!(is_pickle(b"(dp0\n."));
+    }
 }

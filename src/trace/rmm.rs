@@ -98,13 +98,13 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
         let clock = parse_time(f[1])
             .ok_or_else(|| err(format!("time '{}' is not HH:MM:SS:microseconds", f[1])))?;
         // Wall clock: a large step back is the next day.
-        let mut t = clock + day;
+        let mut t = clock.saturating_add(day);
         if t0.is_some() && t < last - 12 * 3_600_000_000 {
-            day += 24 * 3_600_000_000;
-            t += 24 * 3_600_000_000;
+            day = day.saturating_add(24 * 3_600_000_000);
+            t = t.saturating_add(24 * 3_600_000_000);
         }
         last = t;
-        let time_us = t - *t0.get_or_insert(t);
+        let time_us = t.saturating_sub(*t0.get_or_insert(t));
         let size = f[4]
             .parse::<u64>()
             .map_err(|_| err(format!("size '{}' is not a byte count", f[4])))?;
@@ -158,23 +158,31 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
     Ok((trace, fails))
 }
 
-/// `HH:MM:SS:us` (also `HH:MM:SS.us`) → microseconds since midnight.
+/// `HH:MM:SS:us` (also `HH:MM:SS.us`) → microseconds since midnight. Hours are at most a
+/// million and microseconds at most a day's, so no later sum can overflow.
 fn parse_time(s: &str) -> Option<i64> {
     let mut it = s.split([':', '.']);
     let h: i64 = it.next()?.parse().ok()?;
     let m: i64 = it.next()?.parse().ok()?;
     let sec: i64 = it.next()?.parse().ok()?;
     let us: i64 = it.next()?.parse().ok()?;
-    if it.next().is_some() || !(0..60).contains(&m) || !(0..61).contains(&sec) || h < 0 || us < 0 {
+    if it.next().is_some()
+        || !(0..60).contains(&m)
+        || !(0..61).contains(&sec)
+        || !(0..1_000_000).contains(&h)
+        || !(0..86_400_000_000).contains(&us)
+    {
         return None;
     }
     Some(((h * 60 + m) * 60 + sec) * 1_000_000 + us)
 }
 
-/// `0x…` hex, or decimal.
+/// `0x…` hex, or decimal; a negative decimal (a stream `-1`) as its 64-bit two's complement:
+/// streams and pointers are opaque 64-bit keys.
 fn parse_uint(s: &str) -> Option<u64> {
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16).ok(),
+        None if s.starts_with('-') => s.parse::<i64>().ok().map(|i| i as u64),
         None => s.parse().ok(),
     }
 }

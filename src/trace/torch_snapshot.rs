@@ -26,20 +26,62 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use super::pickle::Value;
+use super::pickle::{Seq, Value};
 use super::{Event, Kind, NativeReserved, Op, Source, Trace, Window};
 use crate::error::{Error, Result};
 
 /// Read a snapshot pickle's bytes (already decompressed) into a trace of one device.
 pub fn from_bytes(name: &str, data: &[u8]) -> Result<Trace> {
-    let v = super::pickle::loads(name, data)?;
-    from_value(name, &v)
+    let p = super::pickle::loads(name, data)?;
+    from_value(name, &p.root())
+}
+
+/// Items a snapshot walk may visit (trace entries, segments, blocks) per byte of its pickle.
+/// A real snapshot spends tens of bytes on each; only shared lists (a list referred to again by
+/// `GET`) can make a walk visit more items than the file has bytes, and that is refused as a
+/// bomb rather than walked: a few KB could otherwise stand for billions of entries.
+pub const MAX_VISITS_PER_BYTE: usize = 1;
+
+/// What is left of the walk's budget.
+struct Visits<'n> {
+    name: &'n str,
+    left: usize,
+    total: usize,
+}
+
+impl Visits<'_> {
+    fn charge(&mut self, n: usize, path: &dyn Fn() -> String) -> Result<()> {
+        if n > self.left {
+            return Err(bad(
+                self.name,
+                &path(),
+                format!(
+                    "the snapshot refers to more items than its {} bytes can hold (budget: \
+                     {MAX_VISITS_PER_BYTE} per byte; a list shared by reference many times?): \
+                     refusing it as a bomb",
+                    self.total / MAX_VISITS_PER_BYTE
+                ),
+            ));
+        }
+        self.left -= n;
+        Ok(())
+    }
 }
 
 /// Convert an unpickled snapshot into a trace of one device. `name` names the file in errors,
 /// which also give the key path of a malformed part (`device_traces[0][17]: 'size' missing`).
 pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
-    let mut trace = trace_of(name, v)?;
+    let budget = v
+        .pickle()
+        .input_len()
+        .max(4096)
+        .saturating_mul(MAX_VISITS_PER_BYTE);
+    let mut visits = Visits {
+        name,
+        left: budget,
+        total: budget,
+    };
+    let mut trace = trace_of(name, v, &mut visits)?;
     if let (Some(n), Some(settings)) = (trace.native.as_mut(), v.get("allocator_settings")) {
         n.expandable_segments = settings
             .get("expandable_segments")
@@ -56,11 +98,11 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
 }
 
 /// The trace of a snapshot, native settings left at their defaults.
-fn trace_of(name: &str, v: &Value) -> Result<Trace> {
+fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
     let (segments, traces) = match v {
-        Value::Dict(_) => (v.get("segments"), v.get("device_traces")),
+        v if v.is_dict() => (v.get("segments"), v.get("device_traces")),
         // `torch.cuda.memory_snapshot()` pickled directly: just the segment list.
-        Value::List(_) => (Some(v), None),
+        v if v.is_list() => (Some(*v), None),
         other => {
             return Err(bad(
                 name,
@@ -72,9 +114,9 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
             ));
         }
     };
-    let segments: &[Value] = match segments {
-        None | Some(Value::None) => &[],
-        Some(s) => s.as_seq().ok_or_else(|| {
+    let segments: Vec<Value> = match segments.filter(|s| !s.is_none()) {
+        None => Vec::new(),
+        Some(s) => s.as_seq().map(|s| s.iter().collect()).ok_or_else(|| {
             bad(
                 name,
                 "segments",
@@ -82,9 +124,9 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
             )
         })?,
     };
-    let traces: &[Value] = match traces {
-        None | Some(Value::None) => &[],
-        Some(t) => t.as_seq().ok_or_else(|| {
+    let traces: Vec<Value> = match traces.filter(|t| !t.is_none()) {
+        None => Vec::new(),
+        Some(t) => t.as_seq().map(|s| s.iter().collect()).ok_or_else(|| {
             bad(
                 name,
                 "device_traces",
@@ -92,7 +134,8 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
             )
         })?,
     };
-    let mut dev_traces: Vec<&[Value]> = Vec::with_capacity(traces.len());
+    visits.charge(segments.len() + traces.len(), &|| "top level".to_string())?;
+    let mut dev_traces: Vec<Seq> = Vec::with_capacity(traces.len());
     for (d, t) in traces.iter().enumerate() {
         dev_traces.push(t.as_seq().ok_or_else(|| {
             bad(
@@ -109,17 +152,25 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
     // Parse the segments once: (device, total_size, live blocks).
     let mut segs = Vec::with_capacity(segments.len());
     for (i, s) in segments.iter().enumerate() {
-        segs.push(parse_segment(name, i, s)?);
+        segs.push(parse_segment(name, i, s, visits)?);
     }
 
     // Which device: most trace entries; without any usable event, most segments. A window
     // without a single `alloc` (e.g. one `free_completed` left in the ring) says nothing the
     // dump's live set does not: such a snapshot is state-only.
-    let usable = |t: &[Value]| {
-        t.iter()
-            .any(|e| e.get("action").and_then(Value::as_str) == Some("alloc"))
-    };
-    let has_events = dev_traces.iter().any(|t| usable(t));
+    let mut has_events = false;
+    for (d, t) in dev_traces.iter().enumerate() {
+        for (i, e) in t.iter().enumerate() {
+            visits.charge(1, &|| format!("device_traces[{d}][{i}]"))?;
+            if e.get("action").and_then(Value::as_str) == Some("alloc") {
+                has_events = true;
+                break;
+            }
+        }
+        if has_events {
+            break;
+        }
+    }
     let device = if has_events {
         let mut best = 0usize;
         for (d, t) in dev_traces.iter().enumerate() {
@@ -138,7 +189,9 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
         c.first().map(|&(d, _)| d).unwrap_or(0)
     };
     let dev_segs: Vec<&Segment> = segs.iter().filter(|s| s.device == device).collect();
-    let final_reserved: u64 = dev_segs.iter().map(|s| s.total_size).sum();
+    let final_reserved: u64 = dev_segs
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.total_size));
 
     let mut sites = Sites::new();
     if !has_events {
@@ -160,11 +213,13 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
         .unwrap_or(0.0);
 
     // Window events, with ids; seeds found on the way.
-    let mut window = Window::default();
+    visits.charge(entries.len(), &|| format!("device_traces[{device}]"))?;
+    let mut window = Window::with_capacity(entries.len());
     // (window event index, delta) of segment events, in order.
     let mut seg_deltas: Vec<(usize, i128)> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        if !matches!(e, Value::Dict(_)) {
+        let e = &e;
+        if !e.is_dict() {
             return Err(bad(
                 name,
                 &path(i),
@@ -178,7 +233,7 @@ fn trace_of(name: &str, v: &Value) -> Result<Trace> {
             "alloc" | "free_completed" => {
                 let addr = uint(name, e, "addr", &|| path(i))?;
                 let size = uint(name, e, "size", &|| path(i))?;
-                let stream = opt_int(name, e, "stream", &|| path(i))?.unwrap_or(0) as u64;
+                let stream = opt_bits(name, e, "stream", &|| path(i))?.unwrap_or(0);
                 let time_us = match e.get("time_us").and_then(Value::as_f64) {
                     Some(t) => (t - t0) as i64,
                     None => 0,
@@ -317,9 +372,9 @@ struct Segment {
     live_blocks: Vec<Block>,
 }
 
-fn parse_segment(name: &str, i: usize, s: &Value) -> Result<Segment> {
+fn parse_segment(name: &str, i: usize, s: &Value, visits: &mut Visits) -> Result<Segment> {
     let path = || format!("segments[{i}]");
-    if !matches!(s, Value::Dict(_)) {
+    if !s.is_dict() {
         return Err(bad(
             name,
             &path(),
@@ -328,9 +383,9 @@ fn parse_segment(name: &str, i: usize, s: &Value) -> Result<Segment> {
     }
     let device = opt_int(name, s, "device", &path)?.unwrap_or(0);
     let total_size = uint(name, s, "total_size", &path)?;
-    let stream = opt_int(name, s, "stream", &path)?.unwrap_or(0) as u64;
+    let stream = opt_bits(name, s, "stream", &path)?.unwrap_or(0);
     // Older dumps give blocks no address: it is the segment's address plus the sizes before.
-    let mut next_addr = opt_int(name, s, "address", &path)?.unwrap_or(0) as u64;
+    let mut next_addr = opt_bits(name, s, "address", &path)?.unwrap_or(0);
     let mut live_blocks = Vec::new();
     if let Some(bl) = s.get("blocks") {
         let bl = bl.as_seq().ok_or_else(|| {
@@ -340,9 +395,11 @@ fn parse_segment(name: &str, i: usize, s: &Value) -> Result<Segment> {
                 format!("expected a list, found a {}", bl.type_name()),
             )
         })?;
+        visits.charge(bl.len(), &|| format!("segments[{i}].blocks"))?;
         for (j, b) in bl.iter().enumerate() {
+            let b = &b;
             let bpath = || format!("segments[{i}].blocks[{j}]");
-            if !matches!(b, Value::Dict(_)) {
+            if !b.is_dict() {
                 return Err(bad(
                     name,
                     &bpath(),
@@ -378,15 +435,17 @@ fn bad(name: &str, path: &str, what: String) -> Error {
     ))
 }
 
-fn field<'v>(name: &str, d: &'v Value, key: &str, path: &dyn Fn() -> String) -> Result<&'v Value> {
+fn field<'v>(name: &str, d: &Value<'v>, key: &str, path: &dyn Fn() -> String) -> Result<Value<'v>> {
     d.get(key)
         .ok_or_else(|| bad(name, &path(), format!("'{key}' missing")))
 }
 
 fn uint(name: &str, d: &Value, key: &str, path: &dyn Fn() -> String) -> Result<u64> {
     let v = field(name, d, key, path)?;
+    if let Some(u) = v.as_u64() {
+        return Ok(u);
+    }
     match v.as_int() {
-        Some(i) if i >= 0 => Ok(i as u64),
         Some(i) => Err(bad(
             name,
             &path(),
@@ -400,9 +459,23 @@ fn uint(name: &str, d: &Value, key: &str, path: &dyn Fn() -> String) -> Result<u
     }
 }
 
+/// An optional integer field read as 64 bits (a stream or address: `-1` is `u64::MAX`).
+fn opt_bits(name: &str, d: &Value, key: &str, path: &dyn Fn() -> String) -> Result<Option<u64>> {
+    match d.get(key).filter(|v| !v.is_none()) {
+        None => Ok(None),
+        Some(v) => v.as_u64_bits().map(Some).ok_or_else(|| {
+            bad(
+                name,
+                &path(),
+                format!("'{key}' is a {}; expected a 64-bit integer", v.type_name()),
+            )
+        }),
+    }
+}
+
 fn opt_int(name: &str, d: &Value, key: &str, path: &dyn Fn() -> String) -> Result<Option<i64>> {
-    match d.get(key) {
-        None | Some(Value::None) => Ok(None),
+    match d.get(key).filter(|v| !v.is_none()) {
+        None => Ok(None),
         Some(v) => v.as_int().map(Some).ok_or_else(|| {
             bad(
                 name,
