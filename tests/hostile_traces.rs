@@ -789,6 +789,7 @@ fn replay_opts() -> ReplayOptions {
         check: false,
         consistency_every: 1,
         series_points: 0,
+        timing: Default::default(),
     }
 }
 
@@ -861,12 +862,10 @@ fn absurd_traces() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// What the importers accept through the replay on a 16 GiB sim, each in a child process (some
-/// abort the process, which no `catch_unwind` survives): each must end in an OOM report or a
-/// clean result. The arena side is issue 11 items 1-3 and 6 (another change); until it lands
-/// this fails, and its output lists how each case ends.
+/// What the importers accept through the replay on a 16 GiB sim, each in a child process (an
+/// abort, which no `catch_unwind` survives, was how 1 PiB used to end): each must end in an OOM
+/// report or a clean result, and the output lists how each case ended.
 #[test]
-#[ignore = "needs arena fix from issue 11 items 1-3"]
 fn absurd_sizes_and_stream_minus_one_replay_without_panic() {
     let mut bad = Vec::new();
     for (name, _) in absurd_traces() {

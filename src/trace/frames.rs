@@ -13,8 +13,6 @@
 //!
 //! None when every frame is machinery: the site is then "unknown" rather than the unwinder.
 
-use super::pickle::Value;
-
 /// Function-name fragments memory_viz omits, and the caching allocator's own frames.
 const MACHINERY_FUNCTIONS: &[&str] = &[
     "unwind::unwind",
@@ -44,51 +42,45 @@ const MACHINERY_FILES: &[&str] = &[
     "cpython/abstract.h",
 ];
 
-fn text<'v>(f: &'v Value, key: &str) -> &'v str {
-    f.get(key).and_then(Value::as_str).unwrap_or("")
+/// One frame as the rules read it: its file name and its function name.
+pub(crate) type Frame<'a> = (&'a str, &'a str);
+
+fn is_python(f: &Frame) -> bool {
+    f.0.ends_with(".py")
 }
 
-fn is_python(f: &Value) -> bool {
-    text(f, "filename").ends_with(".py")
+fn in_torch(f: &Frame) -> bool {
+    f.0.contains("/torch/") || f.0.starts_with("torch/")
 }
 
-fn in_torch(f: &Value) -> bool {
-    let file = text(f, "filename");
-    file.contains("/torch/") || file.starts_with("torch/")
-}
-
-fn is_machinery(f: &Value) -> bool {
-    let (name, file) = (text(f, "name"), text(f, "filename"));
+fn is_machinery(f: &Frame) -> bool {
+    let (file, name) = *f;
     let unresolved = matches!(name, "" | "??" | "unknown") && matches!(file, "" | "??" | "unknown");
     unresolved
         || MACHINERY_FUNCTIONS.iter().any(|m| name.contains(m))
         || MACHINERY_FILES.iter().any(|m| file.contains(m))
 }
 
-/// The frame of `frames` (innermost first) that names the site, per the module's rules.
-pub(crate) fn site_frame(frames: &[Value]) -> Option<&Value> {
+/// The index in `frames` (innermost first) of the frame that names the site, per the module's
+/// rules.
+pub(crate) fn site_index(frames: &[Frame]) -> Option<usize> {
     frames
         .iter()
-        .find(|f| is_python(f) && !in_torch(f))
-        .or_else(|| frames.iter().find(|f| is_python(f)))
-        .or_else(|| frames.iter().find(|f| !is_machinery(f)))
+        .position(|f| is_python(f) && !in_torch(f))
+        .or_else(|| frames.iter().position(is_python))
+        .or_else(|| frames.iter().position(|f| !is_machinery(f)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::rc::Rc;
 
-    fn frame(file: &str, line: i64, name: &str) -> Value {
-        Value::Dict(Rc::new(vec![
-            (Value::Str("filename".into()), Value::Str(file.into())),
-            (Value::Str("line".into()), Value::Int(line)),
-            (Value::Str("name".into()), Value::Str(name.into())),
-        ]))
+    fn frame(file: &'static str, _line: i64, name: &'static str) -> Frame<'static> {
+        (file, name)
     }
 
-    fn name_of(frames: &[Value]) -> Option<String> {
-        site_frame(frames).map(|f| format!("{}:{}", text(f, "filename"), text(f, "name")))
+    fn name_of(frames: &[Frame]) -> Option<String> {
+        site_index(frames).map(|i| format!("{}:{}", frames[i].0, frames[i].1))
     }
 
     #[test]

@@ -753,11 +753,11 @@ pub fn recorded_series(trace: &Trace, points: usize) -> Option<Vec<Point>> {
         match e.op {
             Op::Alloc => {
                 sizes.insert(e.id, e.size);
-                requested += e.size;
+                requested = requested.saturating_add(e.size);
             }
             Op::Free => {
                 if let Some(s) = sizes.remove(&e.id) {
-                    requested -= s;
+                    requested = requested.saturating_sub(s);
                 }
             }
         }

@@ -480,7 +480,7 @@ pub fn run(
                             trace.name, e.id
                         )));
                     }
-                    requested += e.size;
+                    requested = requested.saturating_add(e.size);
                     peak_requested = peak_requested.max(requested);
                 }
                 Op::Free => match live.remove(&e.id) {
@@ -493,7 +493,7 @@ pub fn run(
                         policy
                             .free(i, e.id, h.handle, h.size, e.stream)
                             .map_err(|err| at_event(err, trace, i, pass))?;
-                        requested -= h.size;
+                        requested = requested.saturating_sub(h.size);
                     }
                 },
             }

@@ -505,11 +505,17 @@ impl Sites {
     /// The site of a trace entry ("file:line in name" of the frame [`super::frames`] picks:
     /// the user's Python frame, not the unwinder or the allocator), 0 if it has none.
     fn top_frame(&mut self, e: &Value) -> u32 {
-        let Some(f) = e
-            .get("frames")
-            .and_then(Value::as_seq)
-            .and_then(super::frames::site_frame)
-        else {
+        let Some(seq) = e.get("frames").and_then(Value::as_seq) else {
+            return 0;
+        };
+        fn text<'a>(f: Value<'a>, key: &str) -> &'a str {
+            f.get(key).and_then(Value::as_str).unwrap_or("")
+        }
+        let frames: Vec<super::frames::Frame> = seq
+            .iter()
+            .map(|f| (text(f, "filename"), text(f, "name")))
+            .collect();
+        let Some(f) = super::frames::site_index(&frames).and_then(|i| seq.get(i)) else {
             return 0;
         };
         use std::fmt::Write;
