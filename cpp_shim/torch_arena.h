@@ -5,7 +5,7 @@
  * torch.cuda.memory.CUDAPluggableAllocator. This header documents every symbol the shared library
  * exports: the two entry points PyTorch calls (written in C++, cpp_shim/shim.cpp), PyTorch's
  * optional hooks, and the query calls the Python package makes through ctypes (written in Rust,
- * src/abi.rs).
+ * src/abi/).
  *
  * USAGE (global mode; must run before CUDA is initialised in the process):
  *

@@ -1,0 +1,663 @@
+//! The C ABI: every `extern "C"` export of the cdylib, and nothing else.
+//!
+//! This module owns the process-wide [`TorchArena`] instance, the last-error slots and the
+//! translation between C values (raw pointers, `int` status codes, NUL-terminated strings) and the
+//! Rust API. All allocator logic lives in [`TorchArena`]; each export here is a thin wrapper.
+//! The public header `cpp_shim/torch_arena.h` documents every symbol for C callers; the C++ shim
+//! (`cpp_shim/shim.cpp`) holds the two functions PyTorch calls, `torch_arena_malloc` and
+//! `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into a C++ exception, and
+//! the three pool hooks of CUDA graph capture, which call [`torch_arena_pool_begin`],
+//! [`torch_arena_pool_end`], [`torch_arena_pool_release`] and [`torch_arena_try_malloc_pool`].
+//!
+//! # The no-panic invariant
+//!
+//! A Rust panic must never cross the FFI boundary: PyTorch calls these functions from C++ on any
+//! thread, and an unwinding panic would abort the Python process. Every export runs its body
+//! inside [`std::panic::catch_unwind`] (through [`guarded`]); a caught panic becomes
+//! [`TORCH_ARENA_ERR_PANIC`] (or the export's documented failure value) and a last-error message.
+//! Null out-pointers are reported as [`TORCH_ARENA_ERR_INVALID_ARGUMENT`], never dereferenced.
+//!
+//! # Status codes
+//!
+//! `int`-returning calls return [`TORCH_ARENA_OK`] (0) on success and a nonzero code with the
+//! last error set on failure. [`torch_arena_try_malloc`] narrows them to 0 / 1 / 2.
+//!
+//! # Last error
+//!
+//! Each failure stores its message in a thread-local slot and in a process-wide copy of the most
+//! recent one. [`torch_arena_last_error`] reads the calling thread's message, or the process-wide
+//! one when this thread has none (PyTorch frees from autograd threads; Python reads from its own).
+//!
+//! # Logging
+//!
+//! Every export first calls [`crate::log::init`] (one atomic load once done), which installs the
+//! crate's `tracing` subscriber and reads `TORCH_ARENA_LOG`. Problems this module already
+//! reports go out as `tracing` events: bad frees, unknown `record_stream` pointers, failed hooks
+//! and out-of-memory returned to PyTorch at `warn`, rate-limited per kind (the first 10, then
+//! every 1000th); a bad `TORCH_ARENA_CONF` (once), a device that cannot be opened (the driver is
+//! missing or fails) and other allocation failures at `error`; the configuration and each
+//! device when it is first seen open at `info`, once; `empty_cache` / `defragment` reports at
+//! `debug`. Where they go (stderr, or the queue the Python package drains) is
+//! [`crate::log`]'s business; the `torch_arena_*log*` exports below expose it.
+
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+use once_cell::sync::{Lazy, OnceCell};
+use parking_lot::Mutex;
+
+use crate::allocator::{MAX_DEVICES, TorchArena};
+use crate::arena::{PoolId, ReclaimReport, format_size};
+use crate::config::Config;
+use crate::device::{DevPtr, DeviceError, StreamId};
+use crate::error::{Error, PointerFault};
+use crate::stats::DeviceStats;
+
+mod configure;
+mod graph_pool;
+mod hooks;
+mod logging;
+mod malloc;
+mod oom;
+mod statistics;
+mod tracking;
+
+pub use self::configure::*;
+pub use self::graph_pool::*;
+pub use self::hooks::*;
+pub use self::logging::*;
+pub use self::malloc::*;
+pub use self::oom::*;
+pub use self::statistics::*;
+pub use self::tracking::*;
+
+// ---------------------------------------------------------------------------------------------
+// Status codes (mirrored as `TORCH_ARENA_*` macros in cpp_shim/torch_arena.h).
+
+/// Success.
+pub const TORCH_ARENA_OK: c_int = 0;
+/// The request could not be met: the message starts with "CUDA out of memory. Tried to allocate".
+pub const TORCH_ARENA_ERR_OOM: c_int = 1;
+/// Any other failure (a device/driver error, an internal error).
+pub const TORCH_ARENA_ERR_OTHER: c_int = 2;
+/// A bad configuration (`TORCH_ARENA_CONF` or `torch_arena_configure`), or a configuration change
+/// after the allocator was initialised.
+pub const TORCH_ARENA_ERR_CONFIG: c_int = 3;
+/// A pointer torch-arena never returned, a double free, or a size that differs from the request.
+pub const TORCH_ARENA_ERR_BAD_POINTER: c_int = 4;
+/// A device ordinal outside what was configured.
+pub const TORCH_ARENA_ERR_BAD_DEVICE: c_int = 5;
+/// A NULL out-pointer or string, a too-small buffer, an out-of-range value.
+pub const TORCH_ARENA_ERR_INVALID_ARGUMENT: c_int = 6;
+/// A panic inside torch-arena was caught at the boundary (a bug; the process can go on).
+pub const TORCH_ARENA_ERR_PANIC: c_int = 7;
+
+/// The first words of every out-of-memory message (what PyTorch and the libraries above it match).
+pub const OOM_PREFIX: &str = "CUDA out of memory. Tried to allocate";
+
+/// `torch_arena_reclaim_report` in the header: what `defragment` / `empty_cache` recovered.
+/// Field for field the same as [`ReclaimReport`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TorchArenaReclaimReport {
+    pub slabs_released: u64,
+    pub pages_unmapped: u64,
+    pub pages_released: u64,
+    pub bytes_recovered: u64,
+    pub bytes_released: u64,
+}
+
+impl From<ReclaimReport> for TorchArenaReclaimReport {
+    fn from(r: ReclaimReport) -> Self {
+        TorchArenaReclaimReport {
+            slabs_released: r.slabs_released,
+            pages_unmapped: r.pages_unmapped,
+            pages_released: r.pages_released,
+            bytes_recovered: r.bytes_recovered,
+            bytes_released: r.bytes_released,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures, the panic guard and the last error.
+
+/// A failed call: its status code and its message.
+struct Failure {
+    code: c_int,
+    msg: String,
+    /// Already logged where it was found: the caller's generic report is skipped.
+    logged: bool,
+}
+
+impl Failure {
+    fn new(code: c_int, msg: impl Into<String>) -> Self {
+        Failure {
+            code,
+            msg: msg.into(),
+            logged: false,
+        }
+    }
+
+    fn logged(mut self, logged: bool) -> Self {
+        self.logged = logged;
+        self
+    }
+
+    fn invalid(msg: impl Into<String>) -> Self {
+        Failure::new(TORCH_ARENA_ERR_INVALID_ARGUMENT, msg)
+    }
+
+    /// `e`, with `context` (the call and its arguments) in front of its message.
+    fn with_context(e: &Error, context: &str) -> Self {
+        Failure::new(error_code(e), format!("{context}: {e}"))
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::new(error_code(&e), e.to_string())
+    }
+}
+
+fn error_code(e: &Error) -> c_int {
+    match e {
+        Error::OutOfMemory(_) | Error::Device(DeviceError::OutOfMemory) => TORCH_ARENA_ERR_OOM,
+        Error::Config(_) => TORCH_ARENA_ERR_CONFIG,
+        Error::BadPointer(..) => TORCH_ARENA_ERR_BAD_POINTER,
+        Error::BadDevice(_) => TORCH_ARENA_ERR_BAD_DEVICE,
+        Error::Device(_) | Error::Trace(_) => TORCH_ARENA_ERR_OTHER,
+    }
+}
+
+type Outcome<T> = std::result::Result<T, Failure>;
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+static LAST_ERROR_GLOBAL: Mutex<String> = Mutex::new(String::new());
+
+/// Store `msg` as this thread's last error and as the process-wide most recent one.
+fn set_last_error(msg: &str) {
+    // try_with: a hook may run from a thread-local destructor, after this slot is gone.
+    let _ = LAST_ERROR.try_with(|slot| {
+        if let Ok(mut s) = slot.try_borrow_mut() {
+            s.clear();
+            s.push_str(msg);
+        }
+    });
+    let mut g = LAST_ERROR_GLOBAL.lock();
+    g.clear();
+    g.push_str(msg);
+}
+
+/// This thread's last error, else the process-wide most recent one ("" when none).
+fn last_error() -> String {
+    let mine = LAST_ERROR
+        .try_with(|slot| slot.try_borrow().map(|s| s.clone()).unwrap_or_default())
+        .unwrap_or_default();
+    if mine.is_empty() {
+        LAST_ERROR_GLOBAL.lock().clone()
+    } else {
+        mine
+    }
+}
+
+fn clear_last_error() {
+    let _ = LAST_ERROR.try_with(|slot| {
+        if let Ok(mut s) = slot.try_borrow_mut() {
+            s.clear();
+        }
+    });
+    LAST_ERROR_GLOBAL.lock().clear();
+}
+
+thread_local! {
+    /// How many exports this thread is inside: a panic there is caught by [`guarded`].
+    static IN_EXPORT: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// Where the last caught panic happened (" at file:line"), for [`guarded`]'s message.
+    static PANIC_AT: std::cell::Cell<Option<String>> = const { std::cell::Cell::new(None) };
+}
+
+/// Install, once, a panic hook that keeps panics inside our exports off the host's stderr: the
+/// host (PyTorch) did nothing wrong, and [`guarded`] turns the panic into the last error and a
+/// log line. Panics anywhere else (the host's own Rust code, if any) go to the hook that was
+/// there before, unchanged.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let ours = IN_EXPORT.try_with(|d| d.get() > 0).unwrap_or(false);
+            if ours {
+                let at = info
+                    .location()
+                    .map(|l| format!(" at {}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                let _ = PANIC_AT.try_with(|p| p.set(Some(at)));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+/// Run `f` so that nothing unwinds out of it: a [`Failure`] is recorded as the last error and
+/// returned as its code; a panic becomes [`TORCH_ARENA_ERR_PANIC`] with a message naming `name`.
+/// Every export passes through here, so this is also where logging is initialised.
+fn guarded<T>(name: &str, f: impl FnOnce() -> Outcome<T>) -> std::result::Result<T, c_int> {
+    quiet_panics();
+    let depth = IN_EXPORT.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        crate::log::init();
+        match f() {
+            Ok(v) => Ok(v),
+            Err(fail) => {
+                set_last_error(&fail.msg);
+                Err(fail.code)
+            }
+        }
+    }));
+    IN_EXPORT.with(|d| d.set(depth - 1));
+    match run {
+        Ok(r) => r,
+        Err(payload) => {
+            let at = PANIC_AT.with(|p| p.take()).unwrap_or_default();
+            let msg = format!(
+                "torch-arena internal error: panic in {name}: {}{at}. This is a bug in \
+                 torch-arena; the call failed and the process can go on",
+                panic_text(&*payload)
+            );
+            tracing::error!("{msg}");
+            // Dropping the payload or recording may themselves panic: contain that too.
+            let _ = catch_unwind(AssertUnwindSafe(move || {
+                drop(payload);
+                set_last_error(&msg);
+            }));
+            Err(TORCH_ARENA_ERR_PANIC)
+        }
+    }
+}
+
+/// [`guarded`] for `int`-returning exports.
+fn status(name: &str, f: impl FnOnce() -> Outcome<()>) -> c_int {
+    match guarded(name, f) {
+        Ok(()) => TORCH_ARENA_OK,
+        Err(code) => code,
+    }
+}
+
+/// Copy `text` into `buf` (capacity `cap`, NUL included) snprintf style: truncated at a UTF-8
+/// boundary, always NUL-terminated when `cap > 0`; returns the full length in bytes.
+///
+/// # Safety
+/// `buf` is NULL or valid for `cap` bytes of writes.
+unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> usize {
+    if !buf.is_null() && cap > 0 {
+        let mut n = text.len().min(cap - 1);
+        while !text.is_char_boundary(n) {
+            n -= 1;
+        }
+        // SAFETY: the caller guarantees `cap` writable bytes at `buf`; n + 1 <= cap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len()
+}
+
+/// A C string argument as `&str`.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that outlives the call.
+unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Outcome<&'a str> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what}: the string argument is NULL"
+        )));
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| {
+        Failure::new(
+            TORCH_ARENA_ERR_CONFIG,
+            format!("{what}: the string is not valid UTF-8"),
+        )
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rate-limited reports (bad frees, out of memory, errors from the void hooks).
+
+/// One kind of problem, logged through `tracing` for the first 10 occurrences, then every 1000th,
+/// each line numbered ("bad free (double free) #3: ...").
+struct Reporter {
+    name: &'static str,
+    error: bool,
+    count: AtomicU64,
+}
+
+impl Reporter {
+    /// Reported at `warn`.
+    const fn warn(name: &'static str) -> Self {
+        Reporter {
+            name,
+            error: false,
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Reported at `error`.
+    const fn error(name: &'static str) -> Self {
+        Reporter {
+            name,
+            error: true,
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn report(&self, msg: &str) {
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= 10 || n.is_multiple_of(1000) {
+            let more = if n == 10 {
+                " (further ones of this kind: every 1000th is shown)"
+            } else {
+                ""
+            };
+            let name = self.name;
+            if self.error {
+                tracing::error!("{name} #{n}: {msg}{more}");
+            } else {
+                tracing::warn!("{name} #{n}: {msg}{more}");
+            }
+        }
+    }
+}
+
+static WARN_UNKNOWN_POINTER: Reporter = Reporter::warn("bad free (unknown pointer)");
+static WARN_DOUBLE_FREE: Reporter = Reporter::warn("bad free (double free)");
+static WARN_SIZE_MISMATCH: Reporter = Reporter::warn("bad free (size mismatch)");
+static WARN_FREE_FAILED: Reporter = Reporter::warn("free failed");
+static WARN_RECORD_STREAM: Reporter = Reporter::warn("record_stream (unknown pointer)");
+static WARN_HOOK: Reporter = Reporter::warn("hook failed");
+static WARN_OOM: Reporter = Reporter::warn("out of memory");
+static ERROR_MALLOC: Reporter = Reporter::error("malloc failed");
+static ERROR_DEVICE_OPEN: Reporter = Reporter::error("device open failed");
+
+/// Frees that failed (any reason), counted at the boundary.
+static BAD_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Count and log a failed free, under the category of its pointer fault (`None`: the free failed
+/// for another reason).
+fn warn_free(fail: &Failure, fault: Option<PointerFault>) {
+    BAD_FREES.fetch_add(1, Ordering::Relaxed);
+    if fail.logged {
+        return;
+    }
+    let kind = match fault {
+        Some(PointerFault::SizeMismatch) => &WARN_SIZE_MISMATCH,
+        Some(PointerFault::Freed) => &WARN_DOUBLE_FREE,
+        Some(PointerFault::Unknown | PointerFault::Interior) => &WARN_UNKNOWN_POINTER,
+        None => &WARN_FREE_FAILED,
+    };
+    kind.report(&fail.msg);
+}
+
+/// For hooks that return nothing (PyTorch ignores their outcome): record and log a failure.
+fn hook(name: &str, f: impl FnOnce() -> Outcome<()>) {
+    let _ = guarded(name, || {
+        f().inspect_err(|fail| {
+            if !fail.logged {
+                WARN_HOOK.report(&fail.msg)
+            }
+        })
+    });
+}
+
+/// Devices already announced at `info` ("opened device 0 ...").
+static DEVICE_SEEN: [AtomicBool; MAX_DEVICES] = [const { AtomicBool::new(false) }; MAX_DEVICES];
+
+/// After a call on `device` that returned `r`: announce the device (once) when it is open, and
+/// when the call failed with a device error before the device could be opened, log that at
+/// `error` (rate-limited). Returns whether `r`'s error was logged. On the hot path (the device
+/// announced, `r` Ok) this is one relaxed load.
+#[inline]
+fn watch_device<T>(inst: &TorchArena, device: c_int, r: &crate::Result<T>) -> bool {
+    let Some(seen) = usize::try_from(device)
+        .ok()
+        .and_then(|d| DEVICE_SEEN.get(d))
+    else {
+        return false;
+    };
+    if r.is_ok() && seen.load(Ordering::Relaxed) {
+        return false;
+    }
+    watch_device_slow(inst, device, seen, r.as_ref().err())
+}
+
+#[cold]
+fn watch_device_slow(
+    inst: &TorchArena,
+    device: c_int,
+    seen: &AtomicBool,
+    err: Option<&Error>,
+) -> bool {
+    match inst.open_arenas().find(|(d, _)| *d == device) {
+        Some((_, arena)) => {
+            if !seen.swap(true, Ordering::Relaxed) {
+                let dev = arena.device();
+                let info = dev.info();
+                tracing::info!(
+                    "opened device {device} ({}): {} of memory, allocation granularity {}, {}",
+                    info.name,
+                    format_size(info.total_bytes),
+                    format_size(info.granularity),
+                    if info.vmm {
+                        "virtual memory management (VMM) supported"
+                    } else {
+                        "no virtual memory management: plain cuMemAlloc segments"
+                    }
+                );
+            }
+            false
+        }
+        None => match err {
+            Some(e @ Error::Device(_)) => {
+                ERROR_DEVICE_OPEN.report(&format!("could not open device {device}: {e}"));
+                true
+            }
+            _ => false,
+        },
+    }
+}
+
+/// A reclaim report as one log line.
+fn reclaim_text(r: &ReclaimReport) -> String {
+    format!(
+        "{} empty slabs dissolved, {} idle pages unmapped, {} pages released to the driver; {} \
+         made available, {} given back",
+        r.slabs_released,
+        r.pages_unmapped,
+        r.pages_released,
+        format_size(r.bytes_recovered),
+        format_size(r.bytes_released)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process-wide instance.
+
+struct Installed {
+    arena: TorchArena,
+    /// The configuration text it was built from, and where that came from.
+    conf: String,
+    source: &'static str,
+}
+
+static INSTANCE: OnceCell<Installed> = OnceCell::new();
+/// A bad `TORCH_ARENA_CONF`, remembered so that every later call fails the same way.
+static ENV_ERROR: OnceCell<Error> = OnceCell::new();
+/// The device count PyTorch passed to the init hook (-1: not called).
+static DEVICE_COUNT: AtomicI32 = AtomicI32::new(-1);
+
+/// The instance, created from `TORCH_ARENA_CONF` on first use. A bad `TORCH_ARENA_CONF` is
+/// logged once, when first found; the failures returned for it are marked logged.
+fn instance() -> Outcome<&'static TorchArena> {
+    if let Some(i) = INSTANCE.get() {
+        return Ok(&i.arena);
+    }
+    if let Some(e) = ENV_ERROR.get() {
+        return Err(Failure::from(e.clone()).logged(true));
+    }
+    let text = crate::allocator::conf_from_env().unwrap_or_default();
+    let mut installed_now = false;
+    let made = INSTANCE.get_or_try_init(|| {
+        TorchArena::from_env().map(|arena| {
+            installed_now = true;
+            Installed {
+                arena,
+                conf: text.clone(),
+                source: "TORCH_ARENA_CONF",
+            }
+        })
+    });
+    match made {
+        Ok(i) => {
+            if installed_now {
+                log_configured(i);
+            }
+            Ok(&i.arena)
+        }
+        Err(e) => {
+            let mut first = false;
+            let e = ENV_ERROR.get_or_init(|| {
+                first = true;
+                Error::Config(format!("invalid TORCH_ARENA_CONF={text:?}: {e}"))
+            });
+            if first {
+                tracing::error!("{e}");
+            }
+            Err(Failure::from(e.clone()).logged(true))
+        }
+    }
+}
+
+/// The configuration just installed, at `info` (the text) and `debug` (every setting).
+fn log_configured(i: &Installed) {
+    if i.conf.is_empty() {
+        tracing::info!("configured from {}: \"\" (the defaults)", i.source);
+    } else {
+        tracing::info!("configured from {}: {:?}", i.source, i.conf);
+    }
+    tracing::debug!("configuration: {:?}", i.arena.config());
+}
+
+fn parse_conf(text: &str, what: &str) -> Outcome<Config> {
+    Config::parse(text)
+        .map_err(|e| Failure::new(TORCH_ARENA_ERR_CONFIG, format!("{what}({text:?}): {e}")))
+}
+
+fn stream_id(stream: *mut c_void) -> StreamId {
+    stream as usize as StreamId
+}
+
+fn dev_ptr(ptr: *mut c_void) -> DevPtr {
+    ptr as usize as DevPtr
+}
+
+// ---------------------------------------------------------------------------------------------
+// The C++ shim's entry points: static libraries are linked only when referenced, so take their
+// addresses here to keep them (and their exports) in the cdylib.
+
+unsafe extern "C-unwind" {
+    fn torch_arena_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void;
+    fn torch_arena_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void);
+}
+
+type MallocFn = unsafe extern "C-unwind" fn(usize, c_int, *mut c_void) -> *mut c_void;
+type FreeFn = unsafe extern "C-unwind" fn(*mut c_void, usize, c_int, *mut c_void);
+
+#[used]
+static KEEP_SHIM: (MallocFn, FreeFn) = (torch_arena_malloc, torch_arena_free);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_code_and_a_message() {
+        let code = status("test_export", || panic!("boom {}", 42));
+        assert_eq!(code, TORCH_ARENA_ERR_PANIC);
+        let msg = last_error();
+        assert!(
+            msg.contains("panic in test_export") && msg.contains("boom 42"),
+            "{msg}"
+        );
+    }
+
+    /// A caught panic reaches the last error and the log, never the host's stderr as a
+    /// "thread panicked" message with a backtrace. Run in a child process, whose stderr is real.
+    #[test]
+    fn a_caught_panic_prints_no_panic_message() {
+        if std::env::var_os("TORCH_ARENA_TEST_PANIC_CHILD").is_some() {
+            let code = status("quiet_export", || panic!("quiet boom"));
+            assert_eq!(code, TORCH_ARENA_ERR_PANIC);
+            assert!(last_error().contains("quiet boom at src/abi/mod.rs:"));
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "abi::tests::a_caught_panic_prints_no_panic_message",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("TORCH_ARENA_TEST_PANIC_CHILD", "1")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let text = format!("{}{err}", String::from_utf8_lossy(&out.stdout));
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        assert!(!err.contains("panicked at"), "{err}");
+        assert!(!err.contains("stack backtrace"), "{err}");
+        assert!(
+            err.contains("panic in quiet_export: quiet boom"),
+            "logged: {err}"
+        );
+    }
+
+    #[test]
+    fn copy_out_truncates_at_a_char_boundary() {
+        let mut buf = [0x7f as c_char; 4];
+        let n = unsafe { copy_out("aé€", buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, "aé€".len());
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        assert_eq!(s.to_str().unwrap(), "aé");
+        assert_eq!(unsafe { copy_out("xyz", std::ptr::null_mut(), 0) }, 3);
+    }
+
+    #[test]
+    fn sizes_are_formatted_like_pytorch() {
+        assert_eq!(format_size(512), "512 bytes");
+        assert_eq!(format_size(3 << 10), "3.00 KiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size(3 << 29), "1.50 GiB");
+    }
+}
