@@ -4,12 +4,14 @@
 //! Bombs run in a child process (this test binary re-run with `HOSTILE_CASE`), so each one's
 //! peak resident memory (`VmHWM`) is its own; the child prints it and the parent asserts on it.
 
+#[path = "common/python_pickle.rs"]
+mod python_pickle;
+use python_pickle::python_pickle;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use torch_arena::config::Config;
 use torch_arena::trace::replay::{ReplayOptions, replay};
 use torch_arena::trace::{self, Op, Source, Trace, format, pickle, synth};
 
@@ -36,24 +38,6 @@ fn vm_hwm() -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb << 10)
-}
-
-/// Pickle bytes written by CPython: `code` sets `obj` (`collections` is imported).
-fn python_pickle(code: &str, protocol: u32) -> Vec<u8> {
-    let script = format!(
-        "import collections, pickle, sys\n{code}\nsys.stdout.buffer.write(pickle.dumps(obj, {protocol}))\n"
-    );
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .expect("python3 is needed to write test pickles (CI has it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {
@@ -781,16 +765,7 @@ fn mutation_fuzzer_never_panics_hangs_or_bloats() {
 }
 
 fn replay_opts() -> ReplayOptions {
-    ReplayOptions {
-        capacity: 16 * GIB,
-        conf: Config::default(),
-        conf_label: String::new(),
-        backing: false,
-        check: false,
-        consistency_every: 1,
-        series_points: 0,
-        timing: Default::default(),
-    }
+    ReplayOptions::new(16 * GIB)
 }
 
 /// Replays `t` under `catch_unwind`; `Some(message)` if it panicked.

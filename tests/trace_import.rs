@@ -3,6 +3,9 @@
 //!
 //! The shared traces are found at `$TORCH_ARENA_TRACES`, else `<CARGO_MANIFEST_DIR>/../shared/traces`.
 
+#[path = "common/python_pickle.rs"]
+mod python_pickle;
+use python_pickle::python_pickle;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -421,24 +424,6 @@ fn ordered_dict_snapshot_loads_with_seeds_kind_and_native_reserved() {
     assert_eq!((t.kind, t.device, t.seeded), (Kind::StateOnly, 1, 2));
     assert_eq!(t.peak_requested(), 7 << 20);
     assert_eq!(t.native.as_ref().unwrap().peak, 40 << 20);
-}
-
-/// Pickle bytes written by CPython: `code` builds `obj` (plain data; `collections` is imported).
-pub fn python_pickle(code: &str, protocol: u32) -> Vec<u8> {
-    let script = format!(
-        "import collections, pickle, sys\n{code}\nsys.stdout.buffer.write(pickle.dumps(obj, {protocol}))\n"
-    );
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .expect("python3 is needed to write test pickles (CI has it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
 }
 
 #[test]

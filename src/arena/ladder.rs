@@ -182,10 +182,14 @@ impl Inner {
 
     /// Give an unmapped handle of `k` pages back to the driver. If the driver refuses, it goes
     /// to the pool (still counted as reserved) so a later trim can try again.
-    pub(super) fn release_handle(&mut self, h: PageHandle, k: u32) -> Result<()> {
+    pub(super) fn release_handle(
+        &mut self,
+        h: PageHandle,
+        k: u32,
+    ) -> std::result::Result<(), DeviceError> {
         if let Err(e) = self.dev.release_page(h) {
             self.pool_put(h, k, Instant::now());
-            return Err(e.into());
+            return Err(e);
         }
         self.stats.segment.decrease(Pool::Large, 1);
         self.stats

@@ -230,23 +230,32 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// An empty slot: no heaps, no regions, no classes.
-    fn retired() -> StreamState {
+    /// The state of stream `id` (of private pool `pool`, if any) with `classes` size classes and
+    /// nothing else yet: no heaps, regions or pages.
+    fn new(id: StreamId, classes: usize, last_used: u64, pool: Option<PoolId>) -> StreamState {
         StreamState {
-            id: 0,
+            id,
             small: Heap::new(),
             large: Heap::new(),
-            classes: Vec::new(),
+            classes: (0..classes).map(|_| ClassState::default()).collect(),
             fence: None,
             fence_seq: 0,
             safe_seq: 0,
             idle_head: PageRef::NONE,
             idle_tail: PageRef::NONE,
             regions: Vec::new(),
-            last_used: 0,
+            last_used,
+            retired: false,
+            pool,
+            pinned: pool.is_some(),
+        }
+    }
+
+    /// An empty slot: no heaps, no regions, no classes.
+    fn retired() -> StreamState {
+        StreamState {
             retired: true,
-            pool: None,
-            pinned: false,
+            ..StreamState::new(0, 0, 0, None)
         }
     }
 }

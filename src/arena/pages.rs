@@ -237,18 +237,13 @@ impl Inner {
                 }
             }
             // Pooled handles left are all larger than what is needed: give one back rather than
-            // grow beside it (re-cutting, as above).
+            // grow beside it (re-cutting, as above). On the last-resort path (`anywhere`) this
+            // also makes room, once the limit is reached, for the smaller ones that fit.
             if (self.stitch || anywhere)
                 && let Some((h, k)) = self.pool_take(u32::MAX)
             {
                 if let Err(e) = self.release_handle(h, k) {
-                    return Err(self.give_back(
-                        got,
-                        Miss::Device(match e {
-                            Error::Device(d) => d,
-                            other => DeviceError::Misuse(other.to_string()),
-                        }),
-                    ));
+                    return Err(self.give_back(got, Miss::Device(e)));
                 }
                 continue;
             }
@@ -268,20 +263,6 @@ impl Inner {
                     }
                     Err(e) => return Err(self.give_back(got, e.into())),
                 }
-            }
-            // Out of room: pooled handles too large for what is left are memory no one can
-            // use here; on the last-resort path give them back so smaller ones fit.
-            if anywhere && let Some((h, k)) = self.pool_take(u32::MAX) {
-                if let Err(e) = self.release_handle(h, k) {
-                    return Err(self.give_back(
-                        got,
-                        Miss::Device(match e {
-                            Error::Device(d) => d,
-                            other => DeviceError::Misuse(other.to_string()),
-                        }),
-                    ));
-                }
-                continue;
             }
             return Err(self.give_back(got, Miss::NoMemory));
         }
@@ -353,12 +334,7 @@ impl Inner {
         // with one-page handles, at the price of a release and a create.
         if let Some((_, at)) = larger {
             let (h, k) = self.unmap_idle(at)?;
-            if let Err(e) = self.release_handle(h, k) {
-                return Err(match e {
-                    Error::Device(d) => d,
-                    other => DeviceError::Misuse(other.to_string()),
-                });
-            }
+            self.release_handle(h, k)?;
             return Ok(true);
         }
         Ok(false)

@@ -40,24 +40,7 @@ impl Inner {
     /// A new state for stream `id` (of private pool `pool`, if any), in a free slot if there is
     /// one. Indexing it is the caller's business.
     pub(super) fn add_state(&mut self, id: StreamId, pool: Option<PoolId>) -> u32 {
-        let state = StreamState {
-            id,
-            small: Heap::new(),
-            large: Heap::new(),
-            classes: (0..self.classes.len())
-                .map(|_| ClassState::default())
-                .collect(),
-            fence: None,
-            fence_seq: 0,
-            safe_seq: 0,
-            idle_head: PageRef::NONE,
-            idle_tail: PageRef::NONE,
-            regions: Vec::new(),
-            last_used: self.tick,
-            retired: false,
-            pool,
-            pinned: pool.is_some(),
-        };
+        let state = StreamState::new(id, self.classes.len(), self.tick, pool);
         match self.free_streams.pop() {
             Some(s) => {
                 self.streams[s as usize] = state;

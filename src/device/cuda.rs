@@ -800,59 +800,46 @@ impl Device for CudaDevice {
         let fail = |error| MapRunError { error, mapped: 0 };
         let v = self.vmm_api("map").map_err(fail)?;
         let _ctx = self.ctx().map_err(fail)?;
-        let mut at = va;
-        let mut failed = None;
-        for (i, &(page, size)) in handles.iter().enumerate() {
-            bump(&self.counters.mem_map);
-            // SAFETY: plain driver call; the driver validates the range and the handle.
-            let rc = unsafe { (v.map)(at, size as usize, 0, page.0, 0) };
-            if rc != CUDA_SUCCESS {
-                failed = Some((self.drv.error("cuMemMap", rc), i));
-                break;
-            }
-            at += size;
-        }
-        let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
-        if mapped > 0 {
-            let access = sys::CUmemAccessDesc {
-                location: sys::CUmemLocation {
-                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                    id: self.device,
-                },
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            };
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        map_run_with(
+            &mut (),
+            va,
+            handles,
+            |_, at, size, page| {
+                bump(&self.counters.mem_map);
+                // SAFETY: plain driver call; the driver validates the range and the handle.
+                let rc = unsafe { (v.map)(at, size as usize, 0, page.0, 0) };
+                self.drv.check("cuMemMap", rc)
+            },
             // One grant for everything mapped: access is per range, not per handle. After a
             // failed cuMemMap this makes the handles mapped so far usable, so nothing is undone.
-            bump(&self.counters.set_access);
-            // SAFETY: one valid access descriptor over a range mapped just above.
-            let rc = unsafe { (v.set_access)(va, (at - va) as usize, &access, 1) };
-            if rc != CUDA_SUCCESS {
-                // Leave nothing inaccessible: the range goes back to reserved-but-unmapped.
+            |_, at, len| {
+                bump(&self.counters.set_access);
+                // SAFETY: one valid access descriptor over a range mapped just above.
+                let rc = unsafe { (v.set_access)(at, len as usize, &access, 1) };
+                self.drv.check("cuMemSetAccess", rc)
+            },
+            |_, at, len| {
                 bump(&self.counters.mem_unmap);
                 // SAFETY: the range was mapped just above, handle by handle.
-                let undo = unsafe { (v.unmap)(va, (at - va) as usize) };
-                let kept = if undo == CUDA_SUCCESS {
-                    0
-                } else {
+                let rc = unsafe { (v.unmap)(at, len as usize) };
+                if rc != CUDA_SUCCESS {
                     tracing::error!(
-                        va,
-                        size = at - va,
-                        error = %self.drv.describe(undo),
+                        va = at,
+                        size = len,
+                        error = %self.drv.describe(rc),
                         "cuMemUnmap failed while undoing a mapping whose cuMemSetAccess failed"
                     );
-                    mapped
-                };
-                let error = failed.map_or_else(|| self.drv.error("cuMemSetAccess", rc), |f| f.0);
-                return Err(MapRunError {
-                    error,
-                    mapped: kept,
-                });
-            }
-        }
-        match failed {
-            Some((error, mapped)) => Err(MapRunError { error, mapped }),
-            None => Ok(()),
-        }
+                }
+                rc == CUDA_SUCCESS
+            },
+        )
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {

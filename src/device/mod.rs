@@ -194,6 +194,46 @@ pub struct MapRunError {
     pub mapped: usize,
 }
 
+/// The protocol of [`Device::map_run`], one place for every implementation: `map` each handle
+/// at consecutive addresses from `va` until one fails, then `grant` access to what was mapped (a
+/// range of `len` bytes from `va`); if the grant fails, `undo` that range (true when it is
+/// unmapped again). Each step gets `cx`, the implementation's state (its lock guard, say).
+pub(crate) fn map_run_with<C>(
+    cx: &mut C,
+    va: DevPtr,
+    handles: &[(PageHandle, u64)],
+    mut map: impl FnMut(&mut C, DevPtr, u64, PageHandle) -> DeviceResult<()>,
+    grant: impl FnOnce(&mut C, DevPtr, u64) -> DeviceResult<()>,
+    undo: impl FnOnce(&mut C, DevPtr, u64) -> bool,
+) -> Result<(), MapRunError> {
+    let mut at = va;
+    let mut failed = None;
+    for (i, &(page, size)) in handles.iter().enumerate() {
+        if let Err(e) = map(cx, at, size, page) {
+            failed = Some((e, i));
+            break;
+        }
+        at += size;
+    }
+    let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
+    if mapped > 0
+        && let Err(e) = grant(cx, va, at - va)
+    {
+        // Leave nothing inaccessible: the range goes back to reserved-but-unmapped, or, if the
+        // driver refuses that too, is reported mapped so it is never taken for unmapped memory.
+        let kept = if undo(cx, va, at - va) { 0 } else { mapped };
+        let error = failed.map_or(e, |f| f.0);
+        return Err(MapRunError {
+            error,
+            mapped: kept,
+        });
+    }
+    match failed {
+        Some((error, mapped)) => Err(MapRunError { error, mapped }),
+        None => Ok(()),
+    }
+}
+
 /// The operations the arena needs from a GPU. Implementations are thread-safe; the arena calls
 /// them with its own lock held, so they must never call back into the arena.
 pub trait Device: Send + Sync {
@@ -223,14 +263,15 @@ pub trait Device: Send + Sync {
     /// too, unmaps it (a prefix that can be neither is reported mapped, so it is never taken for
     /// unmapped memory). The default maps handle by handle with [`Device::map`].
     fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
-        let mut at = va;
-        for (i, &(page, size)) in handles.iter().enumerate() {
-            if let Err(error) = self.map(at, size, page) {
-                return Err(MapRunError { error, mapped: i });
-            }
-            at += size;
-        }
-        Ok(())
+        // `map` grants access itself: nothing to grant for the run, nothing to undo.
+        map_run_with(
+            &mut (),
+            va,
+            handles,
+            |_, at, size, page| self.map(at, size, page),
+            |_, _, _| Ok(()),
+            |_, _, _| true,
+        )
     }
     /// Unmap `size` bytes at `va`: a run of whole mappings. The physical pages stay alive.
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()>;

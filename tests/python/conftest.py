@@ -63,3 +63,15 @@ def no_leaked_allocations():
     yield
     after = torch_arena.memory_stats(0)["allocation.all.current"]
     assert after == before, f"the test left {after - before} allocation(s) live"
+
+
+@pytest.fixture
+def sites():
+    """Python site capture for the test (the suite's configuration has none)."""
+    from torch_arena import _capture
+
+    _capture.set_capture("python", 1, 0)
+    try:
+        yield
+    finally:
+        _capture.restore()

@@ -29,15 +29,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def sites():
-    _capture.set_capture("python", 1, 0)
-    try:
-        yield
-    finally:
-        _capture.restore()
-
-
 @pytest.fixture(autouse=True)
 def _reset_leaky_modules():
     yield

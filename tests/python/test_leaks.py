@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch_arena
 from conftest import run_python
-from torch_arena import _capture, _native
+from torch_arena import _native
 from torch_arena.leaks import format_size, parse_size, site_location
 from torch_arena.testing import DeviceBuffer
 
@@ -30,16 +30,6 @@ WARMUP = 2
 pytestmark = pytest.mark.skipif(
     not _native.has_track(), reason="this torch-arena library has no tracking exports"
 )
-
-
-@pytest.fixture
-def sites():
-    """Python site capture for the test (the suite's configuration has none)."""
-    _capture.set_capture("python", 1, 0)
-    try:
-        yield
-    finally:
-        _capture.restore()
 
 
 @pytest.fixture(autouse=True)

@@ -47,7 +47,7 @@ use parking_lot::Mutex;
 
 use super::{
     DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle,
-    MapRunError, PageHandle, StreamId,
+    MapRunError, PageHandle, StreamId, map_run_with,
 };
 use crate::config::Config;
 
@@ -415,37 +415,22 @@ impl Device for SimDevice {
     /// a failure is granted access and reported (see [`Device::map_run`]).
     fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
         let mut s = self.state.lock();
-        let mut at = va;
-        let mut failed = None;
-        for (i, &(page, size)) in handles.iter().enumerate() {
-            if let Err(e) = s.map_one(at, size, page) {
-                failed = Some((e, i));
-                break;
-            }
-            at += size;
-        }
-        let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
-        if mapped > 0 {
-            // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
-            s.counters.set_access += 1;
-            let n = s.faults.begin(SimCall::SetAccess);
-            if s.faults.fails(SimCall::SetAccess, n) {
-                let kept = if s.unmap_range(va, at - va).is_ok() {
-                    0
-                } else {
-                    mapped
-                };
-                let error = failed.map_or(SimCall::SetAccess.injected_error(), |f| f.0);
-                return Err(MapRunError {
-                    error,
-                    mapped: kept,
-                });
-            }
-        }
-        match failed {
-            Some((error, mapped)) => Err(MapRunError { error, mapped }),
-            None => Ok(()),
-        }
+        map_run_with(
+            &mut *s,
+            va,
+            handles,
+            |s, at, size, page| s.map_one(at, size, page),
+            |s, _, _| {
+                // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
+                s.counters.set_access += 1;
+                let n = s.faults.begin(SimCall::SetAccess);
+                match s.faults.fails(SimCall::SetAccess, n) {
+                    true => Err(SimCall::SetAccess.injected_error()),
+                    false => Ok(()),
+                }
+            },
+            |s, at, len| s.unmap_range(at, len).is_ok(),
+        )
     }
 
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()> {

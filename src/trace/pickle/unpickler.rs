@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::MAX_OBJECTS_PER_BYTE;
 use super::opcodes::*;
-use super::value::{Obj, Pickle, Val, Value};
+use super::value::{Obj, Pickle, Val};
 use crate::error::{Error, Result};
 
 const ALLOWED: &str = "snapshots contain only plain data (dicts, lists, tuples, strings, numbers, \
@@ -198,24 +198,7 @@ impl<'a> Unpickler<'a> {
     }
 
     fn type_of(&self, v: Val) -> &'static str {
-        let p = Pickle {
-            objs: Vec::new(),
-            root: Val::None,
-            index: HashMap::new(),
-            input_len: 0,
-        };
-        match v {
-            Val::Obj(i) => match self.objs.get(i as usize) {
-                Some(Obj::Str(_)) => "str",
-                Some(Obj::Bytes(_)) => "bytes",
-                Some(Obj::List(_)) => "list",
-                Some(Obj::Tuple(_)) => "tuple",
-                Some(Obj::Dict(_)) => "dict",
-                Some(Obj::OrderedDictClass) => "class collections.OrderedDict",
-                None => "?",
-            },
-            v => Value { p: &p, v }.type_name(),
-        }
+        v.type_name(&self.objs)
     }
 
     /// The list object under the top of the stack (after popping what goes into it).

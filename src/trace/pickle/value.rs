@@ -17,6 +17,28 @@ pub(super) enum Val {
     Obj(u32),
 }
 
+impl Val {
+    /// A short name of the Python type of this handle into `objs`, for error messages.
+    pub(super) fn type_name(self, objs: &[Obj]) -> &'static str {
+        match self {
+            Val::None => "None",
+            Val::Bool(_) => "bool",
+            Val::Int(_) | Val::U64(_) => "int",
+            Val::Big(_) => "int beyond 64 bits",
+            Val::Float(_) => "float",
+            Val::Obj(i) => match objs.get(i as usize) {
+                Some(Obj::Str(_)) => "str",
+                Some(Obj::Bytes(_)) => "bytes",
+                Some(Obj::List(_)) => "list",
+                Some(Obj::Tuple(_)) => "tuple",
+                Some(Obj::Dict(_)) => "dict",
+                Some(Obj::OrderedDictClass) => "class collections.OrderedDict",
+                None => "?",
+            },
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) enum Obj {
     Str(Box<str>),
@@ -256,22 +278,7 @@ impl<'a> Value<'a> {
 
     /// A short name of the Python type, for error messages.
     pub fn type_name(&self) -> &'static str {
-        match self.v {
-            Val::None => "None",
-            Val::Bool(_) => "bool",
-            Val::Int(_) | Val::U64(_) => "int",
-            Val::Big(_) => "int beyond 64 bits",
-            Val::Float(_) => "float",
-            Val::Obj(_) => match self.obj() {
-                Some(Obj::Str(_)) => "str",
-                Some(Obj::Bytes(_)) => "bytes",
-                Some(Obj::List(_)) => "list",
-                Some(Obj::Tuple(_)) => "tuple",
-                Some(Obj::Dict(_)) => "dict",
-                Some(Obj::OrderedDictClass) => "class collections.OrderedDict",
-                None => "?",
-            },
-        }
+        self.v.type_name(&self.p.objs)
     }
 
     /// Python-like text of the value, for tests and messages: nested at most 32 deep and about
