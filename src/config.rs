@@ -97,8 +97,8 @@ pub struct Config {
     /// `page_size_mb:N`: physical page size in MiB, a multiple of the granularity (default 2).
     /// The multiple-of-granularity check happens when the arena is created, not here.
     pub page_size_mb: u64,
-    /// `handle_mb:N`: size of the physical handles created for large blocks, in whole pages
-    /// (rounded down, at least one; default 2: one page per handle).
+    /// `handle_mb:N`: largest physical handle created for large blocks, in whole pages (rounded
+    /// down, at least one); 0 (the default): one handle per contiguous run mapped.
     pub handle_mb: u64,
     /// `stitch:True|False`: reuse idle mapped pages anywhere before creating new ones (default True).
     pub stitch: bool,
@@ -151,7 +151,7 @@ impl Default for Config {
             sim_vmm: true,
             sim_devices: 1,
             page_size_mb: 2,
-            handle_mb: 2,
+            handle_mb: 0,
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
@@ -318,13 +318,14 @@ const KEY_DEFS: [KeyDef; 20] = [
     },
     KeyDef {
         name: "handle_mb",
-        help: "size in MiB of the physical handles created for large blocks (one cuMemCreate and \
-               one cuMemMap each), an integer from 1 to 1024, in whole pages (rounded down, at \
-               least one page): larger handles mean fewer driver calls, smaller ones let freed \
-               memory move between ranges more finely (default 2)",
-        forms: "an integer from 1 to 1024 (MiB)",
+        help: "largest physical handle in MiB created for large blocks (one cuMemCreate and one \
+               cuMemMap each), an integer from 1 to 1024, in whole pages (rounded down, at least \
+               one page), or 0 for one handle per contiguous run of pages mapped: larger handles \
+               mean fewer driver calls, smaller ones let freed memory move between ranges more \
+               finely without releasing it (default 0)",
+        forms: "0, or an integer from 1 to 1024 (MiB)",
         set: |c, v| {
-            c.handle_mb = parse_uint(v).filter(|&n| (1..=MAX_PAGE_SIZE_MB).contains(&n))?;
+            c.handle_mb = parse_uint(v).filter(|&n| n <= MAX_PAGE_SIZE_MB)?;
             Some(())
         },
         show: |c| c.handle_mb.to_string(),

@@ -513,7 +513,9 @@ fn failed_release_in_empty_cache_keeps_the_page() {
 fn a_failed_map_keeps_what_was_mapped_as_idle_memory() {
     let (_g, fake) = fakecuda::session();
     let dev = Arc::new(CudaDevice::open(0).unwrap());
-    let arena = Arena::new(dev as Arc<dyn Device>, &Config::default()).unwrap();
+    // Handles of at most 20 MiB, so that the 24 MiB block takes two (by default one per run).
+    let conf = Config::parse("handle_mb:20").unwrap();
+    let arena = Arena::new(dev as Arc<dyn Device>, &conf).unwrap();
     fake.fail_nth("cuMemMap", 2); // the second handle of the 24 MiB block
     assert!(arena.malloc(24 << 20, 0).is_err(), "the injected failure");
     arena.check_consistency().unwrap();

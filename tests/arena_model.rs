@@ -342,3 +342,69 @@ fn idle_pages_are_released_after_the_configured_time() {
     );
     assert!(arena.stats().num_device_free > 0);
 }
+
+// ---- steady state: a repeated step makes no driver call once warm ------------------------------
+
+/// One request of a step: its size, its stream (of two), and how many requests later in the same
+/// step it is freed (past the step's end: freed at the end).
+type StepRequest = (u64, u8, usize);
+
+fn step_request() -> impl Strategy<Value = StepRequest> {
+    let size = prop_oneof![
+        4 => 1u64..(1 << 20),          // slab sizes
+        3 => (1u64 << 20)..(20 << 20),  // medium
+        1 => (20u64 << 20)..(300 << 20), // large
+    ];
+    (size, 0u8..2, 0usize..12)
+}
+
+/// Run `step` once on `arena`: every request in order, each freed `free_after` requests later,
+/// the rest at the end.
+fn run_step(arena: &Arena, step: &[StepRequest]) {
+    let mut live: Vec<(usize, u64, u64)> = Vec::new(); // (free at, ptr, size)
+    for (i, &(size, stream, free_after)) in step.iter().enumerate() {
+        let ptr = arena.malloc(size, stream as StreamId + 1).unwrap();
+        live.push((i + free_after, ptr, size));
+        live.retain(|&(at, ptr, size)| {
+            let due = at <= i;
+            if due {
+                arena.free(ptr, Some(size), 0).unwrap();
+            }
+            !due
+        });
+    }
+    for (_, ptr, size) in live {
+        arena.free(ptr, Some(size), 0).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A training loop whose steps repeat the same requests: once the first two passes have
+    /// warmed the arena, later passes make no memory driver call (create, map, set access,
+    /// unmap, release, reserve), as a warm native allocator makes none.
+    #[test]
+    fn a_repeated_step_makes_no_driver_call_after_its_second_pass(
+        step in prop::collection::vec(step_request(), 1..48)
+    ) {
+        let sim = Arc::new(SimDevice::new(SimConfig::new(64 << 30, PAGE, false)).unwrap());
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        run_step(&arena, &step);
+        run_step(&arena, &step);
+        let warm = sim.counters();
+        for pass in 3..=5 {
+            run_step(&arena, &step);
+            let now = sim.counters();
+            prop_assert_eq!(
+                now.memory_calls(),
+                warm.memory_calls(),
+                "pass {} made memory driver calls: {:?} after {:?}",
+                pass,
+                now,
+                warm
+            );
+        }
+        arena.check_consistency().map_err(TestCaseError::fail)?;
+    }
+}

@@ -122,7 +122,8 @@ fn a_request_beyond_what_is_left_takes_nothing() {
 /// gives back exactly the pages it created for itself.
 #[test]
 fn a_request_the_driver_refuses_part_way_gives_back_what_it_created() {
-    let (dev, arena) = sim(16 * GIB);
+    // One-page handles, so that the request needs many creates (by default it takes one).
+    let (dev, arena) = sim_with(16 * GIB, &Config::parse("handle_mb:2").unwrap());
     let keep = arena.malloc(64 * MIB, 0).unwrap();
     let reserved = arena.stats().reserved_bytes.all().current;
     // Each attempt of the ladder gets about 10 pages, then the driver says no.

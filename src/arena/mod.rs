@@ -82,6 +82,18 @@ const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
+/// Where the addresses after a medium block's (under 20 MiB) last new run are free, the handle
+/// created for it also covers up to `GROWTH_BYTES` of them, and at most 1/`GROWTH_SHARE` of what
+/// is reserved: PyTorch's medium segment (`kLargeBuffer`, 20 MiB), so that blocks share creates,
+/// scaled down for small workloads so that they are not rounded up by a large share. Only while
+/// reserved memory stays under 1/`SPARE_LIMIT_SHARE` of the limit: a handle shared by several
+/// blocks cannot move while any of them lives (the adversarial trace runs out of memory at 1/4).
+const GROWTH_BYTES: u64 = 20 << 20;
+const GROWTH_SHARE: u64 = 16;
+const SPARE_LIMIT_SHARE: u64 = 8;
+/// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
+/// leaves (`Inner::back_run`).
+const HEADROOM_SHARE: u64 = 8;
 /// Streams kept without question. Past this many, a new stream first retires streams that hold
 /// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
 /// to the pool, their reservations and page tables are given back).
@@ -378,8 +390,11 @@ struct Inner {
     pooled_pages: u64,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
-    /// Pages per physical handle created for large blocks (`handle_mb` over the page size).
+    /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
+    /// with `handle_mb:0`, as many as a handle holds).
     handle_pages: u32,
+    /// The step in which the large pool grows ([`GROWTH_BYTES`] in pages).
+    growth_pages: u32,
     /// When the arena started: the origin of `PageSlot::idle_since`.
     epoch: Instant,
     seq: u64,
@@ -449,8 +464,13 @@ impl Arena {
             pool: BTreeMap::new(),
             pooled_pages: 0,
             idle_len: 0,
-            // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16.
-            handle_pages: ((conf.handle_mb << 20) / page).clamp(1, u16::MAX as u64) as u32,
+            // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
+            // counts its handle's pages in a u16, so that bounds a handle sized to its run.
+            handle_pages: match conf.handle_mb {
+                0 => u16::MAX as u32,
+                mb => ((mb << 20) / page).clamp(1, u16::MAX as u64) as u32,
+            },
+            growth_pages: (GROWTH_BYTES / page).clamp(1, u16::MAX as u64) as u32,
             epoch: now,
             seq: 0,
             stats: DeviceStats::new(),

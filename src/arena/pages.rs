@@ -81,7 +81,9 @@ impl Inner {
         let first = ((addr - base) / self.page) as u32;
         let last = ((addr + len - 1 - base) / self.page) as u32;
         self.count_range(region, addr, len, true);
-        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere) {
+        // Medium blocks grow the pool in steps (`back_run`); larger ones map what they need.
+        let grow = len < GROWTH_BYTES;
+        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, grow) {
             self.count_range(region, addr, len, false);
             return Err(e);
         }
@@ -111,7 +113,8 @@ impl Inner {
 
     /// Map physical memory under every page of `first..first+n` of `region` that has none: each
     /// maximal run of unmapped pages gets handles that tile it exactly (one cuMemMap each) and one
-    /// cuMemSetAccess. The pages are already counted as used, so reclaiming cannot pick them. On
+    /// cuMemSetAccess (with `grow`, the last may cover spare pages past the range: `back_run`).
+    /// The pages are already counted as used, so reclaiming cannot pick them. On
     /// failure every handle mapped here is unmapped again and pooled (one the driver refuses to
     /// unmap stays mapped, and goes idle when its users are uncounted).
     pub(super) fn back_pages(
@@ -120,6 +123,7 @@ impl Inner {
         first: u32,
         n: u32,
         anywhere: bool,
+        grow: bool,
     ) -> std::result::Result<(), Miss> {
         if self.regions[region as usize].plain {
             return Ok(());
@@ -143,26 +147,40 @@ impl Inner {
             }
             // Runs mapped before a failure stay mapped: valid memory that goes idle when the
             // caller uncounts its users.
-            self.back_run(region, start, p - start, anywhere)?;
+            self.back_run(region, start, p - start, anywhere, grow && p == first + n)?;
         }
         Ok(())
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
+    /// With `grow` (a medium block's last run), growth comes in steps of [`GROWTH_BYTES`]: when
+    /// a handle must be created and the pages after the run are unmapped too, it also covers
+    /// some of them (mapped, unused, ready for the next block placed there), as PyTorch rounds
+    /// medium requests up to 20 MiB segments. One create then serves several medium blocks.
     fn back_run(
         &mut self,
         region: u32,
         start: u32,
         len: u32,
         anywhere: bool,
+        grow: bool,
     ) -> std::result::Result<(), Miss> {
         let owner = self.regions[region as usize].stream;
         let pool = self.regions[region as usize].pool;
-        let per_handle = match pool {
-            Pool::Small => 1,
-            Pool::Large => self.handle_pages,
+        // A handle moves only whole, and stays where it is while any of its pages is in use: the
+        // nearer the limit, the smaller the handles, so that memory stays free to move where
+        // the next request needs it. At most 1/HEADROOM_SHARE of what the limit leaves.
+        let headroom = (self.limit.saturating_sub(self.reserved()) / self.page / HEADROOM_SHARE)
+            .clamp(1, u32::MAX as u64) as u32;
+        let (per_handle, spare) = match pool {
+            Pool::Small => (1, 0),
+            Pool::Large if grow => (
+                self.handle_pages.min(headroom),
+                self.spare_after(region, start + len, len),
+            ),
+            Pool::Large => (self.handle_pages.min(headroom), 0),
         };
-        let handles = self.acquire(len, per_handle, anywhere, owner)?;
+        let handles = self.acquire(len, per_handle, anywhere, owner, spare)?;
         let base = self.regions[region as usize].base;
         let run: Vec<(PageHandle, u64)> = handles
             .iter()
@@ -176,6 +194,7 @@ impl Inner {
         for &(h, k) in &handles[mapped..] {
             self.pool_put(h, k, now);
         }
+        let end = start + len;
         let mut at = start;
         for &(h, k) in &handles[..mapped] {
             let pages = &mut self.regions[region as usize].pages;
@@ -184,16 +203,31 @@ impl Inner {
                 slot.phys = Some(h);
                 slot.hoff = i as u16;
             }
-            // Every page of the run has a user already (its block or slab was counted first).
+            // Every page of the run has a user already (its block or slab was counted first);
+            // the spare pages past it have none.
             let head = &mut pages[at as usize];
             head.hlen = k as u16;
-            head.busy = k as u16;
+            head.busy = ((at + k).min(end).saturating_sub(at)) as u16;
             at += k;
         }
         if pool == Pool::Small && mapped > 0 {
             self.move_reserved(Pool::Large, Pool::Small, (at - start) as u64, mapped as u64);
         }
         result
+    }
+
+    /// How many pages past `from` a handle created for a run of `len` pages may also cover: up
+    /// to [`GROWTH_BYTES`] in all, only unmapped pages of the region (free addresses: a live
+    /// block's pages are always mapped), and none when the run alone is that long.
+    fn spare_after(&self, region: u32, from: u32, len: u32) -> u32 {
+        let want = self.growth_pages.saturating_sub(len);
+        let pages = &self.regions[region as usize].pages;
+        pages
+            .iter()
+            .skip(from as usize)
+            .take(want as usize)
+            .take_while(|p| p.phys.is_none())
+            .count() as u32
     }
 
     /// Forget the handle mapped at `head..head+k` of `region` (after it was unmapped).
@@ -208,8 +242,9 @@ impl Inner {
         }
     }
 
-    /// Unmapped handles tiling exactly `n` pages, in mapping order, each at most `per_handle`
-    /// pages when created here: pooled handles that fit first (largest first); then, with
+    /// Unmapped handles tiling `n` pages, in mapping order, each at most `per_handle` pages when
+    /// created here; a handle created here may also cover up to `spare` pages past the `n`
+    /// (growth in steps, `back_run`): pooled handles that fit first (largest first); then, with
     /// stitching or when `anywhere`, idle handles proven safe, unmapped into the pool; then new
     /// handles within the limit; and when `anywhere`, pooled handles too large for what is left
     /// are released to make room. On failure every handle taken goes back to the pool.
@@ -219,7 +254,22 @@ impl Inner {
         per_handle: u32,
         anywhere: bool,
         own: u32,
+        spare: u32,
     ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
+        // Growth steps scale with what is held, so that a small workload is not rounded up by a
+        // large share; and stop once what is held nears the limit: spare pages join other
+        // blocks, and a handle whose pages serve several blocks cannot move while any of them
+        // lives, where memory must stay free to move.
+        let held = self.reserved() / self.page;
+        let spare = match held + (n + spare) as u64 <= self.limit / self.page / SPARE_LIMIT_SHARE {
+            true => spare.min((held / GROWTH_SHARE) as u32),
+            false => 0,
+        };
+        // While the limit leaves room for the whole request, a miss creates: an idle page moved
+        // away is missed where it was, in every later step that repeats this one, and moving it
+        // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
+        // it would pass the limit, and on the last-resort path.
+        let grow = !anywhere && self.limit.saturating_sub(self.reserved()) / self.page >= n as u64;
         let mut got: Vec<(PageHandle, u32)> = Vec::new();
         let mut have = 0u32;
         while have < n {
@@ -229,27 +279,26 @@ impl Inner {
                 have += k;
                 continue;
             }
-            if self.stitch || anywhere {
+            if !grow && (self.stitch || anywhere) {
                 match self.reclaim_idle_handle(want, anywhere, own) {
                     Ok(true) => continue,
                     Ok(false) => {}
                     Err(e) => return Err(self.give_back(got, e.into())),
                 }
-            }
-            // Pooled handles left are all larger than what is needed: give one back rather than
-            // grow beside it (re-cutting, as above). On the last-resort path (`anywhere`) this
-            // also makes room, once the limit is reached, for the smaller ones that fit.
-            if (self.stitch || anywhere)
-                && let Some((h, k)) = self.pool_take(u32::MAX)
-            {
-                if let Err(e) = self.release_handle(h, k) {
-                    return Err(self.give_back(got, Miss::Device(e)));
+                // Pooled handles left are all larger than what is needed: give one back rather
+                // than grow beside it (re-cutting, as above). On the last-resort path
+                // (`anywhere`) this also makes room, once the limit is reached, for the smaller
+                // ones that fit.
+                if let Some((h, k)) = self.pool_take(u32::MAX) {
+                    if let Err(e) = self.release_handle(h, k) {
+                        return Err(self.give_back(got, Miss::Device(e)));
+                    }
+                    continue;
                 }
-                continue;
             }
             let room = (self.limit.saturating_sub(self.reserved()) / self.page) as u32;
             if room > 0 {
-                let k = want.min(per_handle).min(room);
+                let k = (want + spare).min(per_handle).min(room);
                 match self.dev.create_page(k as u64 * self.page) {
                     Ok(h) => {
                         self.stats.segment.increase(Pool::Large, 1);
@@ -329,10 +378,11 @@ impl Inner {
                 at = slot.idle_next;
             }
         }
-        // None small enough: rather than grow, re-cut the oldest safe larger handle (release
-        // it, so the pages needed can be created in its room). Reserved memory stays flat, as
-        // with one-page handles, at the price of a release and a create.
-        if let Some((_, at)) = larger {
+        // None small enough, on the last-resort path: re-cut the oldest safe larger handle
+        // (release it, so the pages needed can be created in its room). Elsewhere the caller
+        // creates instead: a re-cut costs a release and a create every time the same misses
+        // recur, where growing once costs one create.
+        if let Some((_, at)) = larger.filter(|_| block) {
             let (h, k) = self.unmap_idle(at)?;
             self.release_handle(h, k)?;
             return Ok(true);
