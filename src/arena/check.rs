@@ -4,12 +4,31 @@ use super::*;
 
 impl Inner {
     pub(super) fn check_consistency(&self) -> std::result::Result<(), String> {
-        // Pages: users match live blocks and slabs; idle list matches mapped unused pages.
+        // Pages: users match live blocks and slabs (a large block counts on its first and last
+        // page only, its pages between are in use as its own); idle list matches mapped unused
+        // pages.
         let mut users: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut interior: std::collections::HashSet<(u32, u32)> = Default::default();
         for (&addr, b) in &self.large {
-            let base = self.regions[b.region as usize].base;
-            for p in (addr - base) / self.page..=(addr + b.len - 1 - base) / self.page {
-                *users.entry((b.region, p as u32)).or_default() += 1;
+            let (first, last) = self.pages_of(b.region, addr, b.len);
+            *users.entry((b.region, first)).or_default() += 1;
+            if last != first {
+                *users.entry((b.region, last)).or_default() += 1;
+            }
+            for p in first + 1..last {
+                if !interior.insert((b.region, p)) {
+                    return Err(format!(
+                        "region {} page {p}: inside two live blocks",
+                        b.region
+                    ));
+                }
+            }
+        }
+        for &(region, p) in &interior {
+            if users.contains_key(&(region, p)) {
+                return Err(format!(
+                    "region {region} page {p}: inside a live block and touched by another"
+                ));
             }
         }
         let dead: std::collections::HashSet<u32> = self.free_slab_ids.iter().copied().collect();
@@ -35,12 +54,24 @@ impl Inner {
                         slot.users
                     ));
                 }
-                if want > 0 && !r.plain && slot.phys.is_none() {
+                let used = want > 0 || interior.contains(&(ri as u32, pi as u32));
+                if used && !r.plain && slot.phys.is_none() {
                     return Err(format!("region {ri} page {pi} is used but not mapped"));
                 }
             }
+            let in_use = (0..r.pages.len() as u32)
+                .filter(|&p| {
+                    users.contains_key(&(ri as u32, p)) || interior.contains(&(ri as u32, p))
+                })
+                .count() as u32;
+            if r.in_use != in_use {
+                return Err(format!(
+                    "region {ri}: {} pages counted in use, {in_use} found",
+                    r.in_use
+                ));
+            }
             if !r.plain {
-                self.check_handles(ri)?;
+                self.check_handles(ri, &interior)?;
             }
         }
         for b in self.large.values().filter(|b| !b.pending) {
@@ -213,7 +244,11 @@ impl Inner {
     /// The handles mapped in region `ri` tile its mapped pages: each starts at a head page whose
     /// length covers pages naming the same handle with rising indices; a head's busy count is
     /// its pages in use; a handle is marked idle exactly when none of its pages is in use.
-    fn check_handles(&self, ri: usize) -> std::result::Result<(), String> {
+    fn check_handles(
+        &self,
+        ri: usize,
+        interior: &std::collections::HashSet<(u32, u32)>,
+    ) -> std::result::Result<(), String> {
         let pages = &self.regions[ri].pages;
         let mut p = 0;
         while p < pages.len() {
@@ -248,7 +283,7 @@ impl Inner {
                         p + i
                     ));
                 }
-                busy += (slot.users > 0) as u16;
+                busy += (slot.users > 0 || interior.contains(&(ri as u32, (p + i) as u32))) as u16;
             }
             if head.busy != busy {
                 return Err(format!(

@@ -81,16 +81,21 @@ impl Inner {
         Some((addr, region))
     }
 
-    /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`.
+    /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`. One
+    /// visit per mapped handle, so a range that is all mapped costs what its handles number.
     pub(super) fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
         let r = &self.regions[region as usize];
         let first = ((addr - r.base) / self.page) as usize;
         let last = ((addr + len - 1 - r.base) / self.page) as usize;
         let mut missing = 0;
-        for slot in &r.pages[first..=last] {
-            missing += slot.phys.is_none() as u64;
-            if missing >= limit {
-                break;
+        let mut p = first;
+        while p <= last && missing < limit {
+            let slot = &r.pages[p];
+            if slot.phys.is_some() {
+                p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
+            } else {
+                missing += 1;
+                p += 1;
             }
         }
         missing

@@ -90,24 +90,80 @@ impl Inner {
         Ok(())
     }
 
-    /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages.
+    /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages. Only
+    /// the range's first and last page can be shared with other blocks, so only they keep a
+    /// count of users and covered bytes; the pages between belong to this range alone and are
+    /// counted in bulk, handle by handle (`count_interior`): the cost is independent of the
+    /// block's size.
     pub(super) fn count_range(&mut self, region: u32, addr: u64, len: u64, add: bool) {
-        let base = self.regions[region as usize].base;
-        let first = ((addr - base) / self.page) as u32;
-        let last = ((addr + len - 1 - base) / self.page) as u32;
-        for p in first..=last {
-            let start = base + p as u64 * self.page;
-            let overlap = (addr + len).min(start + self.page) - addr.max(start);
-            let was = self.page_is_partial(region, p);
-            let slot = &mut self.regions[region as usize].pages[p as usize];
-            if add {
-                slot.covered += overlap;
-                self.page_user_added(region, p);
-            } else {
-                slot.covered -= overlap;
-                self.page_user_removed(region, p);
+        let (first, last) = self.pages_of(region, addr, len);
+        self.count_boundary(region, first, addr, len, add);
+        if last != first {
+            self.count_boundary(region, last, addr, len, add);
+        }
+        if last > first + 1 {
+            self.count_interior(region, first + 1, last - 1, add);
+        }
+    }
+
+    /// One user more (or less) of page `p`, which `[addr, addr + len)` may cover in part.
+    fn count_boundary(&mut self, region: u32, p: u32, addr: u64, len: u64, add: bool) {
+        let start = self.regions[region as usize].base + p as u64 * self.page;
+        let overlap = (addr + len).min(start + self.page) - addr.max(start);
+        let was = self.page_is_partial(region, p);
+        let slot = &mut self.regions[region as usize].pages[p as usize];
+        if add {
+            slot.covered += overlap;
+            self.page_user_added(region, p);
+        } else {
+            slot.covered -= overlap;
+            self.page_user_removed(region, p);
+        }
+        self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
+    }
+
+    /// Pages `a..=b` of `region` start (or stop) being used by the one block covering them
+    /// whole: no per-page count is kept for them (a page is in use when it has users or lies
+    /// inside a live block), only the region's and the handles' counts change, one visit per
+    /// mapped handle (unmapped pages, met only before a miss maps them, one by one).
+    fn count_interior(&mut self, region: u32, a: u32, b: u32, add: bool) {
+        let n = b - a + 1;
+        let r = &mut self.regions[region as usize];
+        let (pool, stream) = (r.pool, r.stream);
+        if add {
+            r.in_use += n;
+            self.in_use_pages[pool as usize] += n as u64;
+        } else {
+            r.in_use -= n;
+            self.in_use_pages[pool as usize] -= n as u64;
+        }
+        let pinned = self.streams[stream as usize].pinned;
+        let mut p = a;
+        while p <= b {
+            let slot = self.regions[region as usize].pages[p as usize];
+            if slot.phys.is_none() {
+                p += 1;
+                continue;
             }
-            self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
+            let head = p - slot.hoff as u32;
+            let pages = &mut self.regions[region as usize].pages;
+            let end = (head + pages[head as usize].hlen as u32 - 1).min(b);
+            let span = (end - p + 1) as u16;
+            let h = &mut pages[head as usize];
+            let at = PageRef { region, page: head };
+            if add {
+                h.busy += span;
+                // (A pinned pool's unused handle is not on the idle list: pool.rs.)
+                if h.busy == span && h.idle_stamp != 0 {
+                    self.idle_unlink(at);
+                }
+            } else {
+                h.busy -= span;
+                if h.busy == 0 && !pinned {
+                    self.idle_push(at);
+                }
+            }
+            p = end + 1;
         }
     }
 
@@ -130,11 +186,11 @@ impl Inner {
         }
         let mut p = first;
         while p < first + n {
-            if self.regions[region as usize].pages[p as usize]
-                .phys
-                .is_some()
-            {
-                p += 1;
+            let slot = &self.regions[region as usize].pages[p as usize];
+            if slot.phys.is_some() {
+                // Past the rest of this handle: one visit per handle, not per page.
+                let head = &self.regions[region as usize].pages[(p - slot.hoff as u32) as usize];
+                p += head.hlen as u32 - slot.hoff as u32;
                 continue;
             }
             let start = p;

@@ -412,9 +412,10 @@ impl Inner {
             pools += 1;
             for &s in &p.states {
                 for &r in &self.streams[s as usize].regions {
-                    for slot in &self.regions[r as usize].pages {
-                        pages += slot.phys.is_some() as u64;
-                        unused += (slot.phys.is_some() && slot.users == 0) as u64;
+                    // Per handle: its pages, less those in use.
+                    for slot in self.regions[r as usize].pages.iter().filter(|s| s.hlen > 0) {
+                        pages += slot.hlen as u64;
+                        unused += (slot.hlen - slot.busy) as u64;
                     }
                 }
             }
