@@ -100,7 +100,8 @@ pub struct Config {
     /// `handle_mb:N`: largest physical handle created for large blocks, in whole pages (rounded
     /// down, at least one); 0 (the default): one handle per contiguous run mapped.
     pub handle_mb: u64,
-    /// `stitch:True|False`: reuse idle mapped pages anywhere before creating new ones (default True).
+    /// `stitch:True|False`: move idle mapped pages to where they are needed when creating new ones
+    /// would pass the limit; with False, only on the out-of-memory path (default True).
     pub stitch: bool,
     /// `release_idle_ms:N`: release cached pages idle longer than N ms to the driver; 0 = never.
     pub release_idle_ms: u64,
@@ -332,7 +333,8 @@ const KEY_DEFS: [KeyDef; 20] = [
     },
     KeyDef {
         name: "stitch",
-        help: "reuse idle mapped pages anywhere before creating new ones, True or False \
+        help: "move idle mapped pages to where they are needed when creating new ones would \
+               pass the memory limit (with False, only on the out-of-memory path), True or False \
                (default True)",
         forms: "True or False",
         set: |c, v| {
@@ -485,7 +487,7 @@ static ACCEPTED_KEYS: [(&str, &str); KEY_DEFS.len()] = {
 };
 
 /// Every key `TORCH_ARENA_CONF` accepts, in order, with a one-line description that ends with the
-/// default, e.g. `("stitch", "reuse idle mapped pages ..., True or False (default True)")`.
+/// default, e.g. `("stitch", "move idle mapped pages ..., True or False (default True)")`.
 /// This is the table the parser checks keys against; the README prints it.
 pub fn accepted_keys() -> &'static [(&'static str, &'static str)] {
     &ACCEPTED_KEYS
