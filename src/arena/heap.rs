@@ -5,9 +5,12 @@
 //! large blocks, 512-byte granular), so a free range is reusable at once only by its own stream.
 //!
 //! Invariants: free blocks never overlap; two free blocks that touch in the same region are always
-//! merged; `by_size` and `by_addr` hold the same blocks. Every operation is O(log n).
+//! merged; `by_size`, `by_addr` and `by_end` hold the same blocks. Every operation is O(log n)
+//! (one ordered set, by size; the address maps are hash maps).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use super::IntMap;
 
 /// A free range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +21,10 @@ struct FreeBlock {
 
 #[derive(Debug, Default)]
 pub struct Heap {
-    by_addr: BTreeMap<u64, FreeBlock>,
+    /// Free blocks by start address, and the start of each by its end: a free finds both
+    /// neighbours it may merge with in two hash lookups (boundary tags), no ordered search.
+    by_addr: IntMap<u64, FreeBlock>,
+    by_end: IntMap<u64, u64>,
     /// `(len, addr)`: the first entry at or above a size is the best fit, lowest address first.
     by_size: BTreeSet<(u64, u64)>,
 }
@@ -84,9 +90,8 @@ impl Heap {
     pub fn free(&mut self, addr: u64, len: u64, region: u32) {
         let end = addr + len;
         let mut start = addr;
-        if let Some((&prev, &b)) = self.by_addr.range(..addr).next_back()
-            && b.region == region
-            && prev + b.len == addr
+        if let Some(&prev) = self.by_end.get(&addr)
+            && self.by_addr[&prev].region == region
         {
             self.remove(prev);
             start = prev;
@@ -115,11 +120,13 @@ impl Heap {
 
     fn insert(&mut self, addr: u64, b: FreeBlock) {
         self.by_addr.insert(addr, b);
+        self.by_end.insert(addr + b.len, addr);
         self.by_size.insert((b.len, addr));
     }
 
     fn remove(&mut self, addr: u64) -> FreeBlock {
         let b = self.by_addr.remove(&addr).expect("heap block exists");
+        self.by_end.remove(&(addr + b.len));
         self.by_size.remove(&(b.len, addr));
         b
     }
