@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use torch_arena::arena::Arena;
+use torch_arena::arena::{Arena, Block};
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, DriverCounters};
 use torch_arena::track::Tracker;
@@ -266,8 +266,14 @@ impl Allocator for TrackerOnly {
 
     #[inline]
     fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
-        let p = (self.1.fetch_add(1, Ordering::Relaxed) + 1) << 9;
-        self.0.on_alloc(0, p, size, stream, 0, None);
+        let seq = self.1.fetch_add(1, Ordering::Relaxed) + 1;
+        let p = seq << 9;
+        let block = Block {
+            ptr: p,
+            size: size.next_multiple_of(512),
+            seq,
+        };
+        self.0.on_alloc(0, block, size, stream, 0, None);
         Ok(p)
     }
 

@@ -192,10 +192,11 @@ impl TorchArena {
         // The recorder's lock is held across the call, so the record is in the order the arena
         // handed pointers out.
         let mut rec = self.recorder.as_ref().map(Recorder::lock);
-        let ptr = match pool {
-            None => arena.malloc(size as u64, stream)?,
-            Some(p) => arena.malloc_pool(size as u64, stream, p)?,
+        let block = match pool {
+            None => arena.alloc(size as u64, stream)?,
+            Some(p) => arena.alloc_pool(size as u64, stream, p)?,
         };
+        let ptr = block.ptr;
         if let Some(rec) = rec.as_mut() {
             if let Some(text) = &site_text {
                 rec.define_site(site, text);
@@ -205,7 +206,7 @@ impl TorchArena {
         drop(rec);
         let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
         self.track
-            .on_alloc(device, ptr, size as u64, stream, site, hist);
+            .on_alloc(device, block, size as u64, stream, site, hist);
         Ok(ptr)
     }
 

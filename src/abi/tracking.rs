@@ -184,7 +184,7 @@ pub unsafe extern "C" fn torch_arena_layout_json(
     unsafe {
         json_out("torch_arena_layout_json", device, buf, cap, |i| {
             let layout = i.layout(device)?;
-            Ok(crate::track::layout_json(device, &layout))
+            Ok(crate::arena::layout_json(device, &layout))
         })
     }
 }

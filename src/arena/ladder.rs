@@ -10,7 +10,7 @@ impl Inner {
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
-    ) -> Result<DevPtr> {
+    ) -> Result<Block> {
         if !self.pending.is_empty() {
             self.poll_pending();
         }
@@ -22,7 +22,7 @@ impl Inner {
         }
         let created = self.stats.num_device_alloc;
         match self.try_alloc(size, s, false) {
-            Ok(p) => return Ok(p),
+            Ok(b) => return Ok(self.block(b)),
             Err(Miss::Device(e)) => return Err(e.into()),
             Err(Miss::NoMemory) => {}
         }
@@ -49,7 +49,7 @@ impl Inner {
             // Releasing may have retired this very stream (it held nothing): look it up again.
             let s = self.state_for(stream, pool)?;
             match self.try_alloc(size, s, true) {
-                Ok(p) => return Ok(p),
+                Ok(b) => return Ok(self.block(b)),
                 Err(Miss::Device(e)) => return Err(e.into()),
                 Err(Miss::NoMemory) => {}
             }
@@ -98,11 +98,22 @@ impl Inner {
         size: u64,
         s: u32,
         anywhere: bool,
-    ) -> std::result::Result<DevPtr, Miss> {
+    ) -> std::result::Result<(DevPtr, u64), Miss> {
         if size <= self.slab_max {
             self.alloc_small(size, s, anywhere)
         } else {
             self.alloc_large(size, s, anywhere)
+        }
+    }
+
+    /// The block handed out at `ptr` (of `size` bytes), numbered.
+    #[inline]
+    fn block(&mut self, (ptr, size): (DevPtr, u64)) -> Block {
+        self.allocs += 1;
+        Block {
+            ptr,
+            size,
+            seq: self.allocs,
         }
     }
 

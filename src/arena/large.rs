@@ -9,7 +9,7 @@ impl Inner {
         size: u64,
         s: u32,
         anywhere: bool,
-    ) -> std::result::Result<DevPtr, Miss> {
+    ) -> std::result::Result<(DevPtr, u64), Miss> {
         let len = round_up(size, MIN_BLOCK);
         let (addr, region) = self.take_va(s, Pool::Large, len)?;
         if let Err(e) = self.use_range(region, addr, len, anywhere) {
@@ -27,7 +27,7 @@ impl Inner {
             },
         );
         self.count_alloc(Pool::Large, size, len);
-        Ok(addr)
+        Ok((addr, len))
     }
 
     /// Addresses for `len` bytes from stream `s`'s heap of `pool`, reserving a new region (or, with

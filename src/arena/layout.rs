@@ -11,6 +11,8 @@
 //!
 //! Built under the arena lock by one walk over the regions (reports only; never on the hot path).
 
+use std::fmt::Write as _;
+
 use super::{Arena, Inner};
 use crate::device::StreamId;
 use crate::stats::Pool;
@@ -200,4 +202,44 @@ fn inactive(address: u64, size: u64) -> LayoutBlock {
         requested: 0,
         state: BlockState::Inactive,
     }
+}
+
+/// `torch_arena_layout_json`: `layout` (from [`crate::arena::Arena::layout`]) in the contract's
+/// schema.
+pub fn layout_json(device: i32, layout: &Layout) -> String {
+    let mut out = String::with_capacity(256 + layout.segments.len() * 200);
+    let _ = write!(
+        out,
+        "{{\"device\":{device},\"reserved\":{},\"allocated\":{},\"pooled\":{},\"segments\":[",
+        layout.reserved, layout.allocated, layout.pooled
+    );
+    for (i, s) in layout.segments.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{{\"address\":{},\"total_size\":{},\"stream\":{},\"segment_type\":\"{}\",\"blocks\":[",
+            s.address,
+            s.total_size,
+            s.stream,
+            if s.small { "small" } else { "large" }
+        );
+        for (j, b) in s.blocks.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            let _ = write!(
+                out,
+                "{{\"address\":{},\"size\":{},\"requested_size\":{},\"state\":\"{}\"}}",
+                b.address,
+                b.size,
+                b.requested,
+                b.state.as_str()
+            );
+        }
+        out.push_str("]}");
+    }
+    out.push_str("]}");
+    out
 }

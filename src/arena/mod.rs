@@ -52,7 +52,7 @@ mod slab;
 mod small;
 mod streams;
 
-pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment};
+pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment, layout_json};
 pub use pool::{PoolId, PoolInfo};
 pub use report::*;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
@@ -108,6 +108,17 @@ const IDLE_SCAN: u32 = 64;
 /// cache misses.
 pub struct Arena {
     inner: Mutex<Inner>,
+}
+
+/// A block handed out by [`Arena::alloc`]: where, how large (the size class or the 512-byte
+/// rounding of the request), and its number among this arena's allocations (rising in the order
+/// the arena's lock handed blocks out, so a layer above can order allocations without a counter
+/// of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub ptr: DevPtr,
+    pub size: u64,
+    pub seq: u64,
 }
 
 /// A live block of the large pool.
@@ -372,6 +383,8 @@ struct Inner {
     free_regions: Vec<u32>,
     /// Requests served so far: the clock of `StreamState::last_used`.
     tick: u64,
+    /// Blocks handed out so far (`Block::seq`).
+    allocs: u64,
     regions: Vec<Region>,
     /// `(base, region)` sorted by base, for pointer lookup.
     region_by_addr: Vec<(u64, u32)>,
@@ -452,6 +465,7 @@ impl Arena {
             free_streams: Vec::new(),
             free_regions: Vec::new(),
             tick: 0,
+            allocs: 0,
             regions: Vec::new(),
             region_by_addr: Vec::new(),
             slabs: Vec::new(),
@@ -491,6 +505,12 @@ impl Arena {
 
     /// At least `size` (> 0) bytes, 512-byte aligned, usable on `stream` at once.
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevPtr> {
+        self.alloc(size, stream).map(|b| b.ptr)
+    }
+
+    /// [`Arena::malloc`], with what a layer above needs to know of the block without asking
+    /// again: its size and its number ([`Block`]).
+    pub fn alloc(&self, size: u64, stream: StreamId) -> Result<Block> {
         let mut g = self.inner.lock();
         g.malloc(size, stream, None)
     }

@@ -87,6 +87,11 @@ impl Arena {
     /// (another thread ended it after the shim's filter accepted the stream: the capture ended
     /// first, so this allocation is not part of it) gives general memory.
     pub fn malloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<DevPtr> {
+        self.alloc_pool(size, stream, id).map(|b| b.ptr)
+    }
+
+    /// [`Arena::malloc_pool`], with the block's size and number ([`Block`]).
+    pub fn alloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<Block> {
         let mut g = self.inner.lock();
         if !g.pools.get(&id).is_some_and(|p| p.recording) {
             tracing::debug!(

@@ -9,7 +9,7 @@ impl Inner {
         size: u64,
         s: u32,
         anywhere: bool,
-    ) -> std::result::Result<DevPtr, Miss> {
+    ) -> std::result::Result<(DevPtr, u64), Miss> {
         let ci = self.classes.index_of(size);
         let slab_id = match self.streams[s as usize].classes[ci].current {
             Some(id) if !self.slabs[id as usize].is_full() => id,
@@ -24,7 +24,7 @@ impl Inner {
         }
         self.partial_slabs += partial(was.0 + 1, was.1) - partial(was.0, was.1);
         self.count_alloc(Pool::Small, size, slot);
-        Ok(ptr)
+        Ok((ptr, slot))
     }
 
     /// A new live allocation of a `block`-byte block for a request of `size` bytes.
