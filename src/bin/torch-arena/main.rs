@@ -38,6 +38,8 @@ mod demo;
 mod json;
 mod progress;
 mod replay;
+mod replay_json;
+mod replay_plot;
 mod synth;
 #[cfg(test)]
 mod tests;
@@ -49,6 +51,8 @@ use demo::*;
 use json::*;
 use progress::*;
 use replay::*;
+use replay_json::*;
+use replay_plot::*;
 use synth::*;
 use text::*;
 
