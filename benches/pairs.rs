@@ -956,7 +956,7 @@ fn track_line(r: &Row) -> Option<String> {
 
 /// `s` as a JSON string literal (the library's escaper).
 fn esc(s: &str) -> String {
-    torch_arena::track::json::string(s)
+    torch_arena::json::string(s)
 }
 
 fn spread_json(s: &Spread) -> String {

@@ -7,18 +7,13 @@ use once_cell::sync::OnceCell;
 
 use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
 use crate::config::{Config, DeviceKind};
-use crate::device::{
-    DevPtr, Device, StreamId,
-    cuda::CudaDevice,
-    sim::{SimConfig, SimDevice},
-};
+use crate::device::{DevPtr, Device, StreamId, cuda::CudaDevice, sim::SimDevice};
 use crate::error::{Error, PointerFault, Result};
 use crate::stats::DeviceStats;
 use crate::trace::format::Recorder;
 use crate::track::Tracker;
 
-/// Most devices one process may address (CUDA's own limit is far below this).
-pub const MAX_DEVICES: usize = 64;
+pub use crate::device::MAX_DEVICES;
 
 /// One allocator per process: a configuration and a lazily opened arena per device.
 pub struct TorchArena {
@@ -127,9 +122,7 @@ impl TorchArena {
                         self.conf.sim_devices
                     )));
                 }
-                Ok(Arc::new(SimDevice::new(SimConfig::from_conf(
-                    &self.conf, device,
-                ))?))
+                Ok(Arc::new(SimDevice::new(self.conf.sim_config(device))?))
             }
             DeviceKind::Cuda => Ok(Arc::new(CudaDevice::open(device)?)),
         }
@@ -274,12 +267,7 @@ impl TorchArena {
     pub fn empty_cache(&self) -> Result<ReclaimReport> {
         let mut total = ReclaimReport::default();
         for (_, a) in self.open_arenas() {
-            let r = a.empty_cache()?;
-            total.slabs_released += r.slabs_released;
-            total.pages_unmapped += r.pages_unmapped;
-            total.pages_released += r.pages_released;
-            total.bytes_recovered += r.bytes_recovered;
-            total.bytes_released += r.bytes_released;
+            total += a.empty_cache()?;
         }
         Ok(total)
     }

@@ -834,6 +834,21 @@ impl fmt::Display for Config {
     }
 }
 
+impl Config {
+    /// The simulated device `ordinal` these settings describe (`sim_capacity_mb`,
+    /// `sim_granularity_kb`, `sim_backing`, `sim_vmm`).
+    pub fn sim_config(&self, ordinal: i32) -> crate::device::sim::SimConfig {
+        crate::device::sim::SimConfig {
+            ordinal,
+            // At most 1 PiB (the parser's bound), so this cannot wrap.
+            capacity: self.sim_capacity_mb.saturating_mul(1 << 20),
+            granularity: self.sim_granularity_kb << 10,
+            backing: self.sim_backing,
+            vmm: self.sim_vmm,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

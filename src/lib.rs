@@ -11,6 +11,7 @@ pub mod arena;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod json;
 pub mod log;
 pub mod stats;
 pub mod trace;

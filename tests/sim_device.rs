@@ -79,7 +79,7 @@ fn from_conf_reads_the_sim_settings() {
         sim_vmm: false,
         ..Default::default()
     };
-    let c = SimConfig::from_conf(&conf, 2);
+    let c = conf.sim_config(2);
     assert_eq!(
         (c.ordinal, c.capacity, c.granularity, c.backing, c.vmm),
         (2, 64 * MIB, 4 * MIB, true, false)

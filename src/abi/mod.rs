@@ -97,29 +97,8 @@ pub const TORCH_ARENA_ERR_PANIC: c_int = 7;
 /// The first words of every out-of-memory message (what PyTorch and the libraries above it match).
 pub const OOM_PREFIX: &str = "CUDA out of memory. Tried to allocate";
 
-/// `torch_arena_reclaim_report` in the header: what `defragment` / `empty_cache` recovered.
-/// Field for field the same as [`ReclaimReport`].
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TorchArenaReclaimReport {
-    pub slabs_released: u64,
-    pub pages_unmapped: u64,
-    pub pages_released: u64,
-    pub bytes_recovered: u64,
-    pub bytes_released: u64,
-}
-
-impl From<ReclaimReport> for TorchArenaReclaimReport {
-    fn from(r: ReclaimReport) -> Self {
-        TorchArenaReclaimReport {
-            slabs_released: r.slabs_released,
-            pages_unmapped: r.pages_unmapped,
-            pages_released: r.pages_released,
-            bytes_recovered: r.bytes_recovered,
-            bytes_released: r.bytes_released,
-        }
-    }
-}
+/// `torch_arena_reclaim_report` in the header: the arena's own [`ReclaimReport`] (`#[repr(C)]`).
+pub type TorchArenaReclaimReport = ReclaimReport;
 
 // ---------------------------------------------------------------------------------------------
 // Failures, the panic guard and the last error.

@@ -151,7 +151,7 @@ pub unsafe extern "C" fn torch_arena_defragment(
         let r = r?;
         tracing::debug!("defragment(device {device}): {}", reclaim_text(&r));
         // SAFETY: non-null, valid by the caller's contract.
-        unsafe { *out = r.into() };
+        unsafe { *out = r };
         Ok(())
     })
 }
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn torch_arena_empty_cache_report(
         let r = instance()?.empty_cache()?;
         tracing::debug!("empty_cache: {}", reclaim_text(&r));
         // SAFETY: non-null, valid by the caller's contract.
-        unsafe { *out = r.into() };
+        unsafe { *out = r };
         Ok(())
     })
 }

@@ -46,15 +46,15 @@ mod large;
 mod layout;
 mod pages;
 mod pool;
-mod report;
 mod size_class;
 mod slab;
 mod small;
 mod streams;
 
+pub use crate::stats::report::*;
+pub use crate::stats::summary::format_size;
 pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment, layout_json};
 pub use pool::{PoolId, PoolInfo};
-pub use report::*;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -652,19 +652,4 @@ fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
     } else if delta < 0 {
         arr.decrease(pool, -delta);
     }
-}
-
-/// PyTorch's `format_size`: "512 bytes", "1.50 KiB", "20.00 MiB", "3.25 GiB".
-pub fn format_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} bytes");
-    }
-    let mut v = bytes as f64 / 1024.0;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    format!("{v:.2} {}", UNITS[i])
 }

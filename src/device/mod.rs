@@ -19,6 +19,9 @@ pub mod costs;
 pub mod cuda;
 pub mod sim;
 
+/// Most devices one process may address (CUDA's own limit is far below this).
+pub const MAX_DEVICES: usize = 64;
+
 use std::fmt;
 
 /// A CUDA stream as PyTorch passes it (`cudaStream_t` as an integer). 0 is the legacy default stream.

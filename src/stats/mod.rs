@@ -4,6 +4,7 @@
 //! under its own lock. Pools: `small_pool` = size-class slabs, `large_pool` = page ranges.
 
 pub mod keys;
+pub mod report;
 pub mod summary;
 
 /// Index into a [`StatArray`]: the order of PyTorch's `StatType` (AGGREGATE, SMALL_POOL, LARGE_POOL).

@@ -11,8 +11,8 @@
 
 use std::fmt::Write as _;
 
+use super::report::ArenaExtras;
 use super::{DeviceStats, Stat, StatArray};
-use crate::arena::ArenaExtras;
 
 /// Characters between the two bars of every line.
 const WIDTH: usize = 75;
@@ -36,7 +36,7 @@ pub fn memory_summary(
 /// `pref` follows Python exactly: the first test compares integers, later ones the float
 /// `pref / 1024**k` (an `i64 → f64` conversion then exact divisions by 1024 give the same correctly
 /// rounded float as Python's `int / int`).
-fn format_size(sz: i64, pref: i64) -> String {
+fn format_size_pref(sz: i64, pref: i64) -> String {
     const PREFIXES: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut prefix = PREFIXES[0];
     let mut sz = sz;
@@ -78,14 +78,18 @@ fn format_count(cnt: i64, pref: i64) -> String {
 fn torch_lines(device: i32, stats: &DeviceStats, abbreviated: bool) -> Vec<String> {
     type Fmt = fn(i64, i64) -> String;
     let metrics: [(&StatArray, &str, Fmt); 9] = [
-        (&stats.allocated_bytes, "Allocated memory", format_size),
-        (&stats.active_bytes, "Active memory", format_size),
-        (&stats.requested_bytes, "Requested memory", format_size),
-        (&stats.reserved_bytes, "GPU reserved memory", format_size),
+        (&stats.allocated_bytes, "Allocated memory", format_size_pref),
+        (&stats.active_bytes, "Active memory", format_size_pref),
+        (&stats.requested_bytes, "Requested memory", format_size_pref),
+        (
+            &stats.reserved_bytes,
+            "GPU reserved memory",
+            format_size_pref,
+        ),
         (
             &stats.inactive_split_bytes,
             "Non-releasable memory",
-            format_size,
+            format_size_pref,
         ),
         (&stats.allocation, "Allocations", format_count),
         (&stats.active, "Active allocs", format_count),
@@ -184,8 +188,26 @@ pub fn format_fragmentation(stats: &DeviceStats) -> String {
     }
 }
 
-/// Bytes with two decimals in the largest binary unit that keeps the number >= 1: `79.65 GiB`.
-fn human_bytes(n: u64) -> String {
+/// PyTorch's `format_size`: "512 bytes", "1.50 KiB", "20.00 MiB", "3.25 GiB".
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < UNITS.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.2} {}", UNITS[i])
+}
+
+/// Bytes with two decimals in the largest binary unit that keeps the number >= 1: `79.65 GiB`
+/// (`512 B` under 1 KiB). The crate's one byte formatter for people, besides PyTorch's own
+/// (`format_size_pref` for `memory_summary`'s table, [`format_size`] for out-of-memory
+/// messages), whose exact text PyTorch users know.
+pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
         return format!("{n} B");
@@ -409,12 +431,12 @@ mod tests {
     #[test]
     fn format_size_matches_python() {
         // Values checked against Python's `_format_size`.
-        assert_eq!(format_size(512, 512), "   512 B  ");
-        assert_eq!(format_size(786_431, 786_431), "786431 B  ");
-        assert_eq!(format_size(786_432, 786_432), "   768 KiB");
-        assert_eq!(format_size(1000, 805_306_368), "     0 MiB");
-        assert_eq!(format_size(-1, 1 << 30), "    -1 MiB");
-        assert_eq!(format_size(0, 0), "     0 B  ");
+        assert_eq!(format_size_pref(512, 512), "   512 B  ");
+        assert_eq!(format_size_pref(786_431, 786_431), "786431 B  ");
+        assert_eq!(format_size_pref(786_432, 786_432), "   768 KiB");
+        assert_eq!(format_size_pref(1000, 805_306_368), "     0 MiB");
+        assert_eq!(format_size_pref(-1, 1 << 30), "    -1 MiB");
+        assert_eq!(format_size_pref(0, 0), "     0 B  ");
     }
 
     #[test]

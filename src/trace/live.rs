@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::{Op, Trace};
-use crate::track::json;
+use crate::json;
 
 /// The moment to take the live set at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

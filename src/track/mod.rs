@@ -46,7 +46,6 @@
 //! captured at the free, for allocations whose site was captured, while capture is on), else
 //! the allocation's.
 
-pub mod json;
 pub mod leaks;
 mod report;
 pub mod sites;
@@ -60,10 +59,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
-use crate::allocator::MAX_DEVICES;
 use crate::arena::Block;
 use crate::config::{Config, SitesMode};
-use crate::device::{DevPtr, StreamId};
+use crate::device::{DevPtr, MAX_DEVICES, StreamId};
+use crate::json;
 use leaks::Point;
 use sites::{Frame, Interner, SITES_NATIVE, SITES_PYTHON, Symbolizer};
 use spin::SpinLock;

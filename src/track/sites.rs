@@ -42,7 +42,7 @@ use std::sync::Arc;
 use once_cell::sync::{Lazy, OnceCell};
 use parking_lot::Mutex;
 
-use super::json;
+use crate::json;
 
 /// `sites` mode bit: capture Python frames.
 pub const SITES_PYTHON: u8 = 1;

@@ -2,19 +2,9 @@
 
 use crate::*;
 
+/// Bytes for people: the library's one formatter (`79.65 GiB`, `512 B`).
 pub(crate) fn fmt_bytes(b: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (u, name) in UNITS {
-        if b >= u {
-            return format!("{:.2} {name}", b as f64 / u as f64);
-        }
-    }
-    format!("{b} B")
+    torch_arena::stats::summary::human_bytes(b)
 }
 
 /// 1234567 -> "1,234,567".

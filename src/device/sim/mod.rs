@@ -49,7 +49,6 @@ use super::{
     DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle,
     MapRunError, PageHandle, StreamId, map_run_with,
 };
-use crate::config::Config;
 
 mod asynchrony;
 mod capture;
@@ -85,17 +84,6 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
-    pub fn from_conf(conf: &Config, ordinal: i32) -> SimConfig {
-        SimConfig {
-            ordinal,
-            // At most 1 PiB (the parser's bound), so this cannot wrap.
-            capacity: conf.sim_capacity_mb.saturating_mul(1 << 20),
-            granularity: conf.sim_granularity_kb << 10,
-            backing: conf.sim_backing,
-            vmm: conf.sim_vmm,
-        }
-    }
-
     /// Device 0 with VMM support.
     pub fn new(capacity: u64, granularity: u64, backing: bool) -> SimConfig {
         SimConfig {

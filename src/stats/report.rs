@@ -1,5 +1,6 @@
 //! Plain data the arena reports about itself: per-class occupancy, pages, and what a trim or a
-//! defragment recovered. Read by the summary renderer and the C ABI.
+//! defragment recovered. Filled by the arena (which re-exports these types), read by the summary
+//! renderer and the C ABI; kept here so that stats imports nothing above it.
 
 use crate::device::DriverCounters;
 
@@ -55,7 +56,11 @@ pub struct ArenaExtras {
     pub pending_frees: u64,
 }
 
-/// What `defragment` or `empty_cache` recovered.
+/// What `defragment` or `empty_cache` recovered. `#[repr(C)]`: the C ABI's
+/// `torch_arena_reclaim_report` is this very struct (`cpp_shim/torch_arena.h`); Python's ctypes
+/// mirror in `_native.py` is the one other copy (another language), read field by field in
+/// `tests/python/test_stats.py`.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReclaimReport {
     /// Empty slabs dissolved into free pages.
@@ -68,4 +73,15 @@ pub struct ReclaimReport {
     pub bytes_recovered: u64,
     /// Bytes given back to the driver.
     pub bytes_released: u64,
+}
+
+impl std::ops::AddAssign for ReclaimReport {
+    /// Sum reports of several devices.
+    fn add_assign(&mut self, r: ReclaimReport) {
+        self.slabs_released += r.slabs_released;
+        self.pages_unmapped += r.pages_unmapped;
+        self.pages_released += r.pages_released;
+        self.bytes_recovered += r.bytes_recovered;
+        self.bytes_released += r.bytes_released;
+    }
 }
