@@ -6,8 +6,9 @@ use std::sync::{Mutex, MutexGuard, Once};
 
 use torch_arena::abi::*;
 
-mod track_common;
-use track_common::{Json, parse};
+#[path = "common/json.rs"]
+mod json;
+use json::{Json, parse};
 
 const CONF: &str = "device:sim,sim_capacity_mb:256,sites:native";
 

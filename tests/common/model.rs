@@ -1,4 +1,4 @@
-//! The arena model shared by the property tests of every backend (`tests/arena_model.rs` on the
+//! The arena model shared by the property tests of every backend (`tests/library/arena_model.rs` on the
 //! simulated device, `tests/arena_cuda_fake.rs` on `CudaDevice` over the fake driver).
 //!
 //! Random sequences of alloc / free / record_stream / launch / complete / trim / defragment over

@@ -2,6 +2,15 @@
 
 use super::*;
 
+// The tests' one strict JSON reader (tests/common/json.rs), shared with the ABI tests.
+#[path = "../../../tests/common/json.rs"]
+mod json_reader;
+use json_reader::Json;
+
+fn parse_json(text: &str) -> Json {
+    json_reader::parse(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
 #[test]
 fn sizes() {
     assert_eq!(parse_size("80GiB"), Ok(80 << 30));
@@ -152,178 +161,6 @@ fn formatting() {
     );
 }
 
-// A tiny JSON reader, enough to check that the lines parse and hold the right values.
-#[derive(Debug, PartialEq)]
-enum J {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<J>),
-    Obj(Vec<(String, J)>),
-}
-
-impl J {
-    fn get(&self, k: &str) -> &J {
-        match self {
-            J::Obj(f) => {
-                &f.iter()
-                    .find(|(n, _)| n == k)
-                    .unwrap_or_else(|| panic!("no {k}"))
-                    .1
-            }
-            _ => panic!("not an object"),
-        }
-    }
-}
-
-struct Reader<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Reader<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && b" \t\r\n".contains(&self.s[self.i]) {
-            self.i += 1;
-        }
-    }
-    fn eat(&mut self, c: u8) {
-        self.ws();
-        assert_eq!(self.s[self.i] as char, c as char, "at {}", self.i);
-        self.i += 1;
-    }
-    fn value(&mut self) -> J {
-        self.ws();
-        match self.s[self.i] {
-            b'{' => {
-                self.i += 1;
-                let mut f = Vec::new();
-                self.ws();
-                if self.s[self.i] == b'}' {
-                    self.i += 1;
-                    return J::Obj(f);
-                }
-                loop {
-                    self.ws();
-                    let J::Str(k) = self.value() else {
-                        panic!("key")
-                    };
-                    self.eat(b':');
-                    let v = self.value();
-                    assert!(f.iter().all(|(n, _)| *n != k), "duplicate key {k}");
-                    f.push((k, v));
-                    self.ws();
-                    self.i += 1;
-                    match self.s[self.i - 1] {
-                        b',' => continue,
-                        b'}' => return J::Obj(f),
-                        c => panic!("unexpected {}", c as char),
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                let mut a = Vec::new();
-                self.ws();
-                if self.s[self.i] == b']' {
-                    self.i += 1;
-                    return J::Arr(a);
-                }
-                loop {
-                    a.push(self.value());
-                    self.ws();
-                    self.i += 1;
-                    match self.s[self.i - 1] {
-                        b',' => continue,
-                        b']' => return J::Arr(a),
-                        c => panic!("unexpected {}", c as char),
-                    }
-                }
-            }
-            b'"' => {
-                self.i += 1;
-                let mut out = String::new();
-                loop {
-                    let c = self.s[self.i];
-                    self.i += 1;
-                    match c {
-                        b'"' => return J::Str(out),
-                        b'\\' => {
-                            let e = self.s[self.i];
-                            self.i += 1;
-                            out.push(match e {
-                                b'"' => '"',
-                                b'\\' => '\\',
-                                b'/' => '/',
-                                b'n' => '\n',
-                                b'r' => '\r',
-                                b't' => '\t',
-                                b'b' => '\u{8}',
-                                b'f' => '\u{c}',
-                                b'u' => {
-                                    let h =
-                                        std::str::from_utf8(&self.s[self.i..self.i + 4]).unwrap();
-                                    self.i += 4;
-                                    char::from_u32(u32::from_str_radix(h, 16).unwrap()).unwrap()
-                                }
-                                _ => panic!("bad escape"),
-                            });
-                        }
-                        c if c < 0x20 => panic!("raw control character in a string"),
-                        _ => {
-                            // Copy one UTF-8 character.
-                            let start = self.i - 1;
-                            let len = match c {
-                                0..0x80 => 1,
-                                0xC0..0xE0 => 2,
-                                0xE0..0xF0 => 3,
-                                _ => 4,
-                            };
-                            out.push_str(std::str::from_utf8(&self.s[start..start + len]).unwrap());
-                            self.i = start + len;
-                        }
-                    }
-                }
-            }
-            b't' => {
-                assert_eq!(&self.s[self.i..self.i + 4], b"true");
-                self.i += 4;
-                J::Bool(true)
-            }
-            b'f' => {
-                assert_eq!(&self.s[self.i..self.i + 5], b"false");
-                self.i += 5;
-                J::Bool(false)
-            }
-            b'n' => {
-                assert_eq!(&self.s[self.i..self.i + 4], b"null");
-                self.i += 4;
-                J::Null
-            }
-            _ => {
-                let start = self.i;
-                while self.i < self.s.len() && b"-+.eE0123456789".contains(&self.s[self.i]) {
-                    self.i += 1;
-                }
-                let t = std::str::from_utf8(&self.s[start..self.i]).unwrap();
-                J::Num(t.parse().unwrap_or_else(|_| panic!("bad number '{t}'")))
-            }
-        }
-    }
-}
-
-fn parse_json(s: &str) -> J {
-    let mut r = Reader {
-        s: s.as_bytes(),
-        i: 0,
-    };
-    let v = r.value();
-    r.ws();
-    assert_eq!(r.i, s.len(), "trailing text");
-    v
-}
-
 #[test]
 fn eta_is_the_time_left_at_the_rate_so_far() {
     let s = Duration::from_secs;
@@ -347,7 +184,7 @@ fn json_escapes() {
         "{\"k\\\"\": \"v\\t\u{7f}\\u001f\", \"nan\": null, \"x\": 0.25, \"none\": null}"
     );
     let v = parse_json(&line);
-    assert_eq!(*v.get("k\""), J::Str("v\t\u{7f}\u{1f}".into()));
+    assert_eq!(v.get("k\"").str(), "v\t\u{7f}\u{1f}");
 }
 
 fn outcome(oom: bool, error: bool) -> TraceOutcome {
@@ -512,68 +349,61 @@ fn json_lines_parse_back() {
         assert_eq!(lines.len(), 1);
         assert!(!lines[0].contains('\n'));
         let v = parse_json(&lines[0]);
-        let J::Obj(fields) = &v else { panic!() };
+        let fields = v.obj();
         let names: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, FIELDS);
-        assert_eq!(*v.get("trace"), J::Str("run \"1\".pickle".into()));
-        assert_eq!(*v.get("kind"), J::Str("warm".into()));
-        assert_eq!(*v.get("seeded_events"), J::Num(2.0));
+        assert_eq!(v.get("trace").str(), "run \"1\".pickle");
+        assert_eq!(v.get("kind").str(), "warm");
+        assert_eq!(v.get("seeded_events").f64(), 2.0);
         assert_eq!(
-            *v.get("native_peak_reserved_bytes"),
-            J::Num((120u64 << 20) as f64)
+            v.get("native_peak_reserved_bytes").f64(),
+            (120u64 << 20) as f64
         );
         assert_eq!(
-            *v.get("native_emulated_peak_reserved_bytes"),
-            J::Num((130u64 << 20) as f64)
+            v.get("native_emulated_peak_reserved_bytes").f64(),
+            (130u64 << 20) as f64
         );
-        assert_eq!(*v.get("native_emulated_oom_event"), J::Null);
-        assert_eq!(*v.get("gpu_lag_us"), J::Num(2000.0));
-        assert_eq!(*v.get("native_driver_calls"), J::Num(7.0));
+        assert_eq!(*v.get("native_emulated_oom_event"), Json::Null);
+        assert_eq!(v.get("gpu_lag_us").f64(), 2000.0);
+        assert_eq!(v.get("native_driver_calls").f64(), 7.0);
+        assert_eq!(v.get("native_driver_calls_from").str(), "emulated");
         assert_eq!(
-            *v.get("native_driver_calls_from"),
-            J::Str("emulated".into())
-        );
-        assert_eq!(
-            *v.get("native_driver_calls_by_kind").get("cuMemAlloc"),
-            J::Num(7.0)
+            v.get("native_driver_calls_by_kind").get("cuMemAlloc").f64(),
+            7.0
         );
         if error {
-            assert_eq!(*v.get("error"), J::Str("boom \"x\"".into()));
-            assert_eq!(*v.get("peak_reserved_bytes"), J::Null);
+            assert_eq!(v.get("error").str(), "boom \"x\"");
+            assert_eq!(*v.get("peak_reserved_bytes"), Json::Null);
         } else {
-            assert_eq!(*v.get("error"), J::Null);
-            assert_eq!(*v.get("peak_reserved_bytes"), J::Num((110u64 << 20) as f64));
-            assert_eq!(*v.get("fragmentation"), J::Num(0.1));
-            assert_eq!(*v.get("driver_calls"), J::Num(17.0));
-            assert_eq!(*v.get("ns_per_event"), J::Num(200_000.0));
-            assert_eq!(*v.get("modelled_driver_s"), J::Num(0.5));
+            assert_eq!(*v.get("error"), Json::Null);
+            assert_eq!(v.get("peak_reserved_bytes").f64(), (110u64 << 20) as f64);
+            assert_eq!(v.get("fragmentation").f64(), 0.1);
+            assert_eq!(v.get("driver_calls").f64(), 17.0);
+            assert_eq!(v.get("ns_per_event").f64(), 200_000.0);
+            assert_eq!(v.get("modelled_driver_s").f64(), 0.5);
             let k = v.get("driver_calls_by_kind");
-            assert_eq!(*k.get("cuMemCreate"), J::Num(10.0));
-            assert_eq!(*k.get("cuMemMap"), J::Num(7.0));
-            let J::Arr(steps) = v.get("steps") else {
-                panic!()
-            };
+            assert_eq!(k.get("cuMemCreate").f64(), 10.0);
+            assert_eq!(k.get("cuMemMap").f64(), 7.0);
+            let steps = v.get("steps").arr();
             assert_eq!(steps.len(), 1);
-            assert_eq!(*steps[0].get("peak_reserved_bytes"), J::Num(0.0));
+            assert_eq!(steps[0].get("peak_reserved_bytes").f64(), 0.0);
         }
         if oom {
-            assert_eq!(*v.get("oom_event"), J::Num(7.0));
+            assert_eq!(v.get("oom_event").f64(), 7.0);
             let o = v.get("oom");
-            assert_eq!(*o.get("stream"), J::Num(3.0));
-            assert!(matches!(o.get("message"), J::Str(m) if m.contains("\n\"quoted\"")));
-            let J::Arr(l) = o.get("largest_live") else {
-                panic!()
-            };
-            assert_eq!(*l[0].get("site"), J::Str("train.py:40 in \"step\"".into()));
+            assert_eq!(o.get("stream").f64(), 3.0);
+            assert!(o.get("message").str().contains("\n\"quoted\""));
+            let l = o.get("largest_live").arr();
+            assert_eq!(l[0].get("site").str(), "train.py:40 in \"step\"");
         } else {
-            assert_eq!(*v.get("oom_event"), J::Null);
-            assert_eq!(*v.get("oom"), J::Null);
+            assert_eq!(*v.get("oom_event"), Json::Null);
+            assert_eq!(*v.get("oom"), Json::Null);
         }
     }
     let e = json_load_error(&TraceArg::File("x\\y.pickle".into()), "bad\nfile");
     let v = parse_json(&e);
-    assert_eq!(*v.get("path"), J::Str("x\\y.pickle".into()));
-    assert_eq!(*v.get("error"), J::Str("bad\nfile".into()));
+    assert_eq!(v.get("path").str(), "x\\y.pickle");
+    assert_eq!(v.get("error").str(), "bad\nfile");
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Replay through the arena, the native allocator's emulation, and the synthetic traces.
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
+use crate::shared_traces;
 use torch_arena::config::Config;
 use torch_arena::trace::native::{self, NativeOptions, allocation_size, round_size};
 use torch_arena::trace::replay::{ReplayOptions, replay};
@@ -444,7 +443,7 @@ fn rmm_random_is_deterministic_and_frees_everything() {
     assert_eq!(r.live_at_end, 0);
 }
 
-/// Release-mode throughput figure (not an assertion): `cargo test --release --test trace_replay
+/// Release-mode throughput figure (not an assertion): `cargo test --release --test library trace_replay::
 /// replay_speed -- --ignored --nocapture`.
 #[test]
 #[ignore]

@@ -3,8 +3,7 @@
 //! on traces whose peak fits in 2 GiB, host-backed pages whose contents are checked (so two live
 //! allocations that overlapped would corrupt each other's bytes and fail the replay).
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
+use crate::shared_traces;
 
 use std::time::Instant;
 

@@ -4,8 +4,7 @@
 //! a stack with no Python frame names its first ATen frame.
 //! Also the live set at a trace's peak, by site (`trace::live`).
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
+use crate::shared_traces;
 
 use torch_arena::trace::live::{At, live_at};
 

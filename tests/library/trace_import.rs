@@ -3,14 +3,12 @@
 //!
 //! The shared traces are found at `$TORCH_ARENA_TRACES`, else `<CARGO_MANIFEST_DIR>/../shared/traces`.
 
-#[path = "common/python_pickle.rs"]
-mod python_pickle;
+use crate::python_pickle;
 use python_pickle::python_pickle;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-#[path = "common/shared_traces.rs"]
-mod shared_traces;
+use crate::shared_traces;
 use shared_traces::traces_dir;
 
 use torch_arena::trace::pickle;

@@ -13,8 +13,7 @@
 //!
 //! At the end everything is freed and trimmed: nothing may be held.
 
-#[path = "common/model.rs"]
-mod model;
+use crate::model;
 
 use std::sync::Arc;
 
