@@ -51,6 +51,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use torch_arena::arena::{Arena, Block};
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, DriverCounters};
+use torch_arena::resource::{Request, Resource, Tracked};
 use torch_arena::track::Tracker;
 use torch_arena::{Config, TorchArena};
 
@@ -208,79 +209,76 @@ use torch_arena::trace::synth::SplitMix;
 
 // ----- allocators under test --------------------------------------------------------------------
 
-trait Allocator: Sync {
-    /// Whether the live set must be freed one by one at the end (the arena is simply dropped).
-    const FREE_ALL: bool = true;
-
-    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String>;
-    fn free(&self, ptr: u64, size: u64, stream: u64);
+/// Each side is a [`Resource`], the crate's allocation interface: the arena itself, the whole
+/// allocator layer, the tracker's layer around a pointer counter, glibc, or nothing.
+#[inline]
+fn alloc_one<R: Resource>(a: &R, size: u64, stream: u64) -> Result<u64, String> {
+    let req = Request {
+        size,
+        stream,
+        ..Request::default()
+    };
+    a.alloc(&req)
+        .map(|b| b.ptr)
+        .map_err(|e| format!("alloc({size}) failed: {e}"))
 }
 
-struct ArenaAlloc(Arena);
-
-impl Allocator for ArenaAlloc {
-    const FREE_ALL: bool = false;
-
-    #[inline]
-    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
-        self.0
-            .malloc(size, stream)
-            .map_err(|e| format!("arena malloc({size}) failed: {e}"))
-    }
-
-    #[inline]
-    fn free(&self, ptr: u64, size: u64, stream: u64) {
-        if let Err(e) = self.0.free(ptr, Some(size), stream) {
-            panic!("arena free({ptr:#x}, {size}) failed: {e}");
-        }
+#[inline]
+fn free_one<R: Resource>(a: &R, ptr: u64, size: u64, stream: u64) {
+    if let Err(e) = a.free(ptr, size, stream) {
+        panic!("free({ptr:#x}, {size}) failed: {e}");
     }
 }
 
 /// The whole allocator layer (device 0, the tracker included), as the C exports call it.
 struct TrackedAlloc(TorchArena);
 
-impl Allocator for TrackedAlloc {
-    const FREE_ALL: bool = false;
-
+impl Resource for TrackedAlloc {
     #[inline]
-    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
-        self.0
-            .malloc(size as usize, 0, stream)
-            .map_err(|e| format!("TorchArena malloc({size}) failed: {e}"))
+    fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+        let ptr = self.0.malloc(req.size as usize, 0, req.stream)?;
+        Ok(Block {
+            ptr,
+            size: req.size,
+            seq: 0,
+        })
     }
 
     #[inline]
-    fn free(&self, ptr: u64, size: u64, stream: u64) {
-        if let Err(e) = self.0.free(ptr, size as usize, 0, stream) {
-            panic!("TorchArena free({ptr:#x}, {size}) failed: {e}");
-        }
+    fn free(&self, ptr: u64, size: u64, stream: u64) -> torch_arena::Result<()> {
+        self.0.free(ptr, size as usize, 0, stream)
+    }
+
+    fn reserved(&self) -> u64 {
+        self.0
+            .stats(0)
+            .map_or(0, |s| s.reserved_bytes.all().current as u64)
     }
 }
 
-/// The tracker alone (no arena): fake 512-byte-aligned pointers from a counter, for profiling
-/// what the live table costs by itself (SIDE `tracker-only`, by hand only).
-struct TrackerOnly(Tracker, std::sync::atomic::AtomicU64);
+/// Fake 512-byte-aligned pointers from a counter: under [`Tracked`], what the live table costs by
+/// itself (SIDE `tracker-only`, by hand only).
+#[derive(Default)]
+struct Counter(std::sync::atomic::AtomicU64);
 
-impl Allocator for TrackerOnly {
-    const FREE_ALL: bool = false;
-
+impl Resource for Counter {
     #[inline]
-    fn alloc(&self, size: u64, stream: u64) -> Result<u64, String> {
-        let seq = self.1.fetch_add(1, Ordering::Relaxed) + 1;
-        let p = seq << 9;
-        let block = Block {
-            ptr: p,
-            size: size.next_multiple_of(512),
+    fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+        let seq = self.0.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(Block {
+            ptr: seq << 9,
+            size: req.size.next_multiple_of(512),
             seq,
-        };
-        self.0.on_alloc(0, block, size, stream, 0, None);
-        Ok(p)
+        })
     }
 
     #[inline]
-    fn free(&self, ptr: u64, _size: u64, stream: u64) {
-        let e = self.0.take(0, ptr);
-        self.0.on_free(0, ptr, e, true, stream, None);
+    fn free(&self, _ptr: u64, _size: u64, _stream: u64) -> torch_arena::Result<()> {
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        0
     }
 }
 
@@ -312,9 +310,10 @@ fn track_modes() -> Vec<&'static str> {
 /// glibc malloc/free. The memory is never touched.
 struct SystemAlloc;
 
-impl Allocator for SystemAlloc {
+impl Resource for SystemAlloc {
     #[inline]
-    fn alloc(&self, size: u64, _stream: u64) -> Result<u64, String> {
+    fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+        let size = req.size;
         // SAFETY: plain malloc; the pointer is only passed back to free.
         let p = unsafe { libc::malloc(size as usize) };
         if p.is_null() {
@@ -325,19 +324,28 @@ impl Allocator for SystemAlloc {
             );
             let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap_or_default();
             let vm = read_field("/proc/self/status", "VmSize").unwrap_or_default();
-            return Err(format!(
+            return Err(torch_arena::Error::OutOfMemory(format!(
                 "malloc({size}) returned NULL ({errno}) with {maps} mappings in the process \
                  (vm.max_map_count {}) and VmSize {vm}",
                 limit.trim()
-            ));
+            )));
         }
-        Ok(p as u64)
+        Ok(Block {
+            ptr: p as u64,
+            size,
+            seq: 0,
+        })
     }
 
     #[inline]
-    fn free(&self, ptr: u64, _size: u64, _stream: u64) {
+    fn free(&self, ptr: u64, _size: u64, _stream: u64) -> torch_arena::Result<()> {
         // SAFETY: `ptr` came from malloc above and is freed once.
         unsafe { libc::free(ptr as *mut libc::c_void) };
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        0
     }
 }
 
@@ -345,17 +353,24 @@ impl Allocator for SystemAlloc {
 /// accesses and the loop), so its share of each figure is known.
 struct NullAlloc;
 
-impl Allocator for NullAlloc {
-    const FREE_ALL: bool = false;
-
+impl Resource for NullAlloc {
     #[inline]
-    fn alloc(&self, size: u64, _stream: u64) -> Result<u64, String> {
-        Ok(black_box(size))
+    fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+        Ok(Block {
+            ptr: black_box(req.size),
+            size: req.size,
+            seq: 0,
+        })
     }
 
     #[inline]
-    fn free(&self, ptr: u64, _size: u64, _stream: u64) {
+    fn free(&self, ptr: u64, _size: u64, _stream: u64) -> torch_arena::Result<()> {
         black_box(ptr);
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        0
     }
 }
 
@@ -383,7 +398,13 @@ struct Measured {
 /// Fill, then time batches of pairs. On an allocation failure, everything allocated is freed
 /// and the reason is returned.
 /// `probe` is read just before the first and just after the last measured batch (driver calls).
-fn run<A: Allocator>(a: &A, p: Plan, probe: &dyn Fn() -> u64) -> Result<Measured, String> {
+/// `free_all`: free the live set one by one at the end (glibc; the others are simply dropped).
+fn run<A: Resource + Sync>(
+    a: &A,
+    p: Plan,
+    probe: &dyn Fn() -> u64,
+    free_all: bool,
+) -> Result<Measured, String> {
     let per_thread = p.live / p.threads;
     let barrier = Barrier::new(p.threads + 1);
     let failed = AtomicBool::new(false);
@@ -410,7 +431,7 @@ fn run<A: Allocator>(a: &A, p: Plan, probe: &dyn Fn() -> u64) -> Result<Measured
                 barrier.wait();
                 for _ in 0..per_thread {
                     let size = p.mix.draw(&mut rng);
-                    match a.alloc(size, stream) {
+                    match alloc_one(a, size, stream) {
                         Ok(ptr) => live.push((ptr, size)),
                         Err(e) => {
                             fail(format!(
@@ -437,11 +458,11 @@ fn run<A: Allocator>(a: &A, p: Plan, probe: &dyn Fn() -> u64) -> Result<Measured
                         if let Some(&ahead) = victims.get(i + PREFETCH_AHEAD) {
                             prefetch(&live[ahead as usize]);
                         }
-                        match a.alloc(black_box(size), stream) {
+                        match alloc_one(a, black_box(size), stream) {
                             Ok(ptr) => {
                                 let slot = &mut live[victim as usize];
                                 let (old, old_size) = std::mem::replace(slot, (ptr, size));
-                                a.free(black_box(old), old_size, stream);
+                                free_one(a, black_box(old), old_size, stream);
                             }
                             Err(e) => {
                                 fail(format!(
@@ -455,9 +476,9 @@ fn run<A: Allocator>(a: &A, p: Plan, probe: &dyn Fn() -> u64) -> Result<Measured
                     barrier.wait();
                 }
                 barrier.wait();
-                if A::FREE_ALL {
+                if free_all {
                     for (ptr, size) in live.drain(..) {
-                        a.free(ptr, size, stream);
+                        free_one(a, ptr, size, stream);
                     }
                 }
                 barrier.wait();
@@ -654,16 +675,14 @@ fn measure_side(
                 SimDevice::new(SimConfig::new(capacity_for(mix, live), GRANULARITY, false))
                     .map_err(|e| format!("sim device: {e}"))?,
             );
-            let arena = ArenaAlloc(
-                Arena::new(dev.clone() as Arc<dyn Device>, &Config::default())
-                    .map_err(|e| format!("arena: {e}"))?,
-            );
+            let arena = Arena::new(dev.clone() as Arc<dyn Device>, &Config::default())
+                .map_err(|e| format!("arena: {e}"))?;
             let maps = || {
                 let c: DriverCounters = dev.counters();
                 c.mem_map + c.mem_unmap
             };
-            let m = run(&arena, plan, &maps)?;
-            let stats = arena.0.stats();
+            let m = run(&arena, plan, &maps, false)?;
+            let stats = arena.stats();
             let (pair, latency) = figures(&m, &plan);
             let mut side = Side {
                 pair,
@@ -700,7 +719,7 @@ fn measure_side(
                 Tracker::new(&conf)
             };
             let a = TrackedAlloc(TorchArena::with_tracker(conf, tracker));
-            let m = run(&a, plan, &|| 0)?;
+            let m = run(&a, plan, &|| 0, false)?;
             let stats = a.0.stats(0).map_err(|e| e.to_string())?;
             let (pair, latency) = figures(&m, &plan);
             let mut side = Side {
@@ -717,8 +736,13 @@ fn measure_side(
             side
         }
         "tracker-only" => {
-            let t = TrackerOnly(Tracker::new(&Config::default()), Default::default());
-            let m = run(&t, plan, &|| 0)?;
+            let tracker = Tracker::new(&Config::default());
+            let t = Tracked {
+                inner: Counter::default(),
+                tracker: &tracker,
+                device: 0,
+            };
+            let m = run(&t, plan, &|| 0, false)?;
             let (pair, latency) = figures(&m, &plan);
             Side {
                 pair,
@@ -727,7 +751,7 @@ fn measure_side(
             }
         }
         "system" => {
-            let m = run(&SystemAlloc, plan, &|| 0)?;
+            let m = run(&SystemAlloc, plan, &|| 0, true)?;
             let (pair, latency) = figures(&m, &plan);
             Side {
                 pair,
@@ -738,7 +762,7 @@ fn measure_side(
             }
         }
         "harness" => {
-            let m = run(&NullAlloc, plan, &|| 0)?;
+            let m = run(&NullAlloc, plan, &|| 0, false)?;
             let (pair, latency) = figures(&m, &plan);
             Side {
                 pair,

@@ -1,5 +1,6 @@
-//! The process-wide allocator: one [`Arena`] per device, created on first use, and the
-//! configuration they share. Every `extern "C"` export goes through [`TorchArena`].
+//! The process-wide allocator: one [`Arena`] per device, created on first use, the configuration
+//! they share, and the layers around them (`resource.rs`: tracking and recording, composed in
+//! `TorchArena::stack`). Every `extern "C"` export goes through [`TorchArena`].
 
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
 use crate::config::{Config, DeviceKind};
 use crate::device::{DevPtr, Device, StreamId, cuda::CudaDevice, sim::SimDevice};
 use crate::error::{Error, PointerFault, Result};
+use crate::resource::{Recorded, Request, Resource, Tracked};
 use crate::stats::DeviceStats;
 use crate::trace::format::Recorder;
 use crate::track::Tracker;
@@ -172,35 +174,21 @@ impl TorchArena {
             return Ok(0);
         }
         let arena = self.arena(device)?;
-        // Before the arena lock: capturing Python frames takes the GIL.
+        // Before any lock: capturing Python frames, and a new site's text for the trace file,
+        // take the GIL.
         let site = self.track.capture_site(size as u64);
-        let reserved = || reserved_bytes(arena);
-        let before = self.track.history_enabled().then(reserved);
-        // A site new to the trace file gets its text now, while no lock is held (Python frames
-        // are read under the GIL).
-        let site_text = match &self.recorder {
+        let site_label = match &self.recorder {
             Some(r) if !r.knows_site(site) => Some(site_label(&self.track, site)),
             _ => None,
         };
-        // The recorder's lock is held across the call, so the record is in the order the arena
-        // handed pointers out.
-        let mut rec = self.recorder.as_ref().map(Recorder::lock);
-        let block = match pool {
-            None => arena.alloc(size as u64, stream)?,
-            Some(p) => arena.alloc_pool(size as u64, stream, p)?,
+        let req = Request {
+            size: size as u64,
+            stream,
+            pool,
+            site,
+            site_label,
         };
-        let ptr = block.ptr;
-        if let Some(rec) = rec.as_mut() {
-            if let Some(text) = &site_text {
-                rec.define_site(site, text);
-            }
-            rec.alloc_at(ptr, size as u64, stream, device, site);
-        }
-        drop(rec);
-        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
-        self.track
-            .on_alloc(device, block, size as u64, stream, site, hist);
-        Ok(ptr)
+        Ok(self.stack(arena, device).alloc(&req)?.ptr)
     }
 
     /// `free(ptr, size, device, stream)`. NULL is a no-op. A pointer we never returned or a double
@@ -212,27 +200,22 @@ impl TorchArena {
             return Ok(());
         }
         let arena = self.arena(device)?;
-        // Out of the live table first: once the arena frees it, another thread may get `ptr`.
-        let taken = self.track.take(device, ptr);
-        let reserved = || reserved_bytes(arena);
-        let before = self.track.history_enabled().then(reserved);
-        let mut rec = self.recorder.as_ref().map(Recorder::lock);
-        let r = arena.free(ptr, Some(size as u64), stream);
-        // A size mismatch is reported, but the allocation is freed all the same.
-        let freed = !matches!(
-            r,
-            Err(Error::BadPointer(
-                PointerFault::Unknown | PointerFault::Freed | PointerFault::Interior,
-                _
-            ))
-        );
-        if let Some(rec) = rec.as_mut().filter(|_| freed) {
-            rec.free(ptr, size as u64, stream, device);
+        self.stack(arena, device).free(ptr, size as u64, stream)
+    }
+
+    /// The resource stack of `device`, composed here and only here, outermost first in the lock
+    /// order (`resource.rs`): the trace recorder, the tracker, the arena.
+    #[inline]
+    fn stack<'a>(&'a self, arena: &'a Arena, device: i32) -> Recorded<'a, Tracked<'a, &'a Arena>> {
+        Recorded {
+            inner: Tracked {
+                inner: arena,
+                tracker: &self.track,
+                device,
+            },
+            recorder: self.recorder.as_ref(),
+            device,
         }
-        drop(rec);
-        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
-        self.track.on_free(device, ptr, taken, freed, stream, hist);
-        r
     }
 
     /// The arena that owns `ptr`, among the devices opened so far.
@@ -369,9 +352,4 @@ fn site_label(track: &Tracker, site: u32) -> String {
             line => format!("{}:{line} in {}", f.filename, f.name),
         })
         .unwrap_or_default()
-}
-
-/// Physical bytes `arena` holds (read only while history is recorded).
-fn reserved_bytes(arena: &Arena) -> u64 {
-    arena.stats().reserved_bytes.all().current as u64
 }

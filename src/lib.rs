@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod json;
 pub mod log;
+pub mod resource;
 pub mod stats;
 pub mod trace;
 pub mod track;

@@ -1,0 +1,180 @@
+//! One small allocation interface, and the layers composed around it.
+//!
+//! A [`Resource`] hands out device memory as [`Block`]s and takes it back. The [`Arena`] is one;
+//! [`Tracked`] (the live table, allocation sites, history) and [`Recorded`] (the `trace:PATH`
+//! file) wrap any resource the way RMM's adaptors wrap a memory resource, and know nothing of
+//! what they wrap but this interface. [`crate::TorchArena`] composes them in one place
+//! (`TorchArena::stack`), outermost first in the documented lock order: the recorder's lock
+//! (so the file lists operations in the order the arena performed them), then the arena's,
+//! then the tracker's shard lock (a leaf). A site is captured before any of them: it may take
+//! the GIL, and no lock of ours may be held then.
+
+use crate::arena::{Arena, Block, PoolId};
+use crate::device::{DevPtr, StreamId};
+use crate::error::{Error, PointerFault, Result};
+use crate::trace::format::Recorder;
+use crate::track::Tracker;
+
+/// One allocation request, as it goes down the stack.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// Bytes requested (> 0).
+    pub size: u64,
+    pub stream: StreamId,
+    /// A private pool (CUDA graph capture), or general memory.
+    pub pool: Option<PoolId>,
+    /// The allocation site, captured before any lock (0: none).
+    pub site: u32,
+    /// The site's text, for a recorder that has not seen it yet (read before any lock too).
+    pub site_label: Option<String>,
+}
+
+/// An allocator of device memory.
+pub trait Resource {
+    /// A block of at least `req.size` bytes, 512-byte aligned, usable on `req.stream` at once.
+    fn alloc(&self, req: &Request) -> Result<Block>;
+    /// Give back the block at `ptr`, allocated for `size` bytes; `stream` is where it was last
+    /// used. A size that differs from the request is an error, but the block is freed all the
+    /// same (the pointer is what names it); a pointer never handed out, or freed twice, is an
+    /// error and changes nothing.
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()>;
+    /// Physical bytes held.
+    fn reserved(&self) -> u64;
+}
+
+/// Whether a free that returned `r` freed the block (only a size mismatch is an error that
+/// frees).
+pub fn freed(r: &Result<()>) -> bool {
+    !matches!(
+        r,
+        Err(Error::BadPointer(
+            PointerFault::Unknown | PointerFault::Freed | PointerFault::Interior,
+            _
+        ))
+    )
+}
+
+impl Resource for Arena {
+    #[inline]
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        match req.pool {
+            None => Arena::alloc(self, req.size, req.stream),
+            Some(p) => self.alloc_pool(req.size, req.stream, p),
+        }
+    }
+
+    #[inline]
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        Arena::free(self, ptr, Some(size), stream)
+    }
+
+    fn reserved(&self) -> u64 {
+        self.stats().reserved_bytes.all().current as u64
+    }
+}
+
+impl<R: Resource + ?Sized> Resource for &R {
+    #[inline]
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        (**self).alloc(req)
+    }
+
+    #[inline]
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        (**self).free(ptr, size, stream)
+    }
+
+    fn reserved(&self) -> u64 {
+        (**self).reserved()
+    }
+}
+
+/// `inner`, with every block it hands out in `tracker`'s live table of `device` (and, while
+/// history is on, each call in the history ring with the reserved bytes it mapped or unmapped).
+pub struct Tracked<'a, R> {
+    pub inner: R,
+    pub tracker: &'a Tracker,
+    pub device: i32,
+}
+
+impl<R: Resource> Tracked<'_, R> {
+    /// Reserved bytes before a call, read only while history is on.
+    #[inline]
+    fn before(&self) -> Option<u64> {
+        self.tracker
+            .history_enabled()
+            .then(|| self.inner.reserved())
+    }
+}
+
+impl<R: Resource> Resource for Tracked<'_, R> {
+    #[inline]
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        let before = self.before();
+        let block = self.inner.alloc(req)?;
+        let reserved = || self.inner.reserved();
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.tracker
+            .on_alloc(self.device, block, req.size, req.stream, req.site, hist);
+        Ok(block)
+    }
+
+    #[inline]
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        // Out of the live table first: once the inner resource frees it, another thread may
+        // be handed `ptr` and enter it again.
+        let taken = self.tracker.take(self.device, ptr);
+        let before = self.before();
+        let r = self.inner.free(ptr, size, stream);
+        let reserved = || self.inner.reserved();
+        let hist = before.map(|b| (b, &reserved as &dyn Fn() -> u64));
+        self.tracker
+            .on_free(self.device, ptr, taken, freed(&r), stream, hist);
+        r
+    }
+
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+}
+
+/// `inner`, with every successful alloc and free of `device` written to `recorder` (when there
+/// is one) in the order `inner` performed them: the recorder's lock is held across each call.
+pub struct Recorded<'a, R> {
+    pub inner: R,
+    pub recorder: Option<&'a Recorder>,
+    pub device: i32,
+}
+
+impl<R: Resource> Resource for Recorded<'_, R> {
+    #[inline]
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        let Some(recorder) = self.recorder else {
+            return self.inner.alloc(req);
+        };
+        let mut rec = recorder.lock();
+        let block = self.inner.alloc(req)?;
+        if let Some(text) = &req.site_label {
+            rec.define_site(req.site, text);
+        }
+        rec.alloc_at(block.ptr, req.size, req.stream, self.device, req.site);
+        Ok(block)
+    }
+
+    #[inline]
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        let Some(recorder) = self.recorder else {
+            return self.inner.free(ptr, size, stream);
+        };
+        let mut rec = recorder.lock();
+        let r = self.inner.free(ptr, size, stream);
+        if freed(&r) {
+            rec.free(ptr, size, stream, self.device);
+        }
+        r
+    }
+
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+}
