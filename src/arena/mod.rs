@@ -91,6 +91,10 @@ const NO_SLAB: u32 = u32::MAX;
 const GROWTH_BYTES: u64 = 20 << 20;
 const GROWTH_SHARE: u64 = 16;
 const SPARE_LIMIT_SHARE: u64 = 8;
+/// The small pool grows by up to this many pages at a time, under the same two conditions (a
+/// slab page is shared by slabs of every class, so the next slabs soon need the next pages; one
+/// create for four pages instead of four).
+const SMALL_GROWTH_PAGES: u32 = 4;
 /// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
 /// leaves (`Inner::back_run`).
 const HEADROOM_SHARE: u64 = 8;

@@ -213,6 +213,7 @@ impl Inner {
     /// a handle must be created and the pages after the run are unmapped too, it also covers
     /// some of them (mapped, unused, ready for the next block placed there), as PyTorch rounds
     /// medium requests up to 20 MiB segments. One create then serves several medium blocks.
+    /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
     fn back_run(
         &mut self,
         region: u32,
@@ -229,7 +230,11 @@ impl Inner {
         let headroom = (self.limit.saturating_sub(self.reserved()) / self.page / HEADROOM_SHARE)
             .clamp(1, u32::MAX as u64) as u32;
         let (per_handle, spare) = match pool {
-            Pool::Small => (1, 0),
+            Pool::Small => (
+                SMALL_GROWTH_PAGES,
+                self.spare_after(region, start + len, len)
+                    .min(SMALL_GROWTH_PAGES.saturating_sub(len)),
+            ),
             Pool::Large if grow => (
                 self.handle_pages.min(headroom),
                 self.spare_after(region, start + len, len),
