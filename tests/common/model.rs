@@ -163,11 +163,13 @@ impl<G: TestGpu> Rig<G> {
         }
     }
 
-    /// Offsets checked in an allocation: its first and last 8 bytes and one word in every page.
+    /// Offsets checked in an allocation: its first and last 8 bytes and one word in every page,
+    /// none overlapping another (a page's word within 8 bytes of the last word would be
+    /// overwritten by it, and read back as lost).
     pub fn probe_offsets(size: u64) -> Vec<u64> {
         let mut v = vec![0];
         let mut off = PAGE - 8;
-        while off + 8 < size {
+        while off + 16 <= size {
             v.push(off);
             off += PAGE;
         }
