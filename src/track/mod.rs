@@ -11,8 +11,8 @@
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
 //! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
 //! thread's stack, interned) and site (0 when not captured). The live table is per device and sharded by
-//! pointer into [`SHARDS`] maps, each behind its own `parking_lot::Mutex`, with a multiplicative
-//! hasher: threads freeing different pointers rarely meet on a lock. Per-site live bytes and
+//! pointer into [`SHARDS`] open-addressing tables ([`table`]), each behind its own spin lock:
+//! threads freeing different pointers rarely meet on a lock. Per-site live bytes and
 //! counts (for leak judgement) are touched only for allocations that have a site.
 //!
 //! # Steps
@@ -50,6 +50,7 @@ pub mod leaks;
 mod report;
 pub mod sites;
 mod spin;
+mod table;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -66,9 +67,10 @@ use crate::json;
 use leaks::Point;
 use sites::{Frame, Interner, SITES_NATIVE, SITES_PYTHON, Symbolizer};
 use spin::SpinLock;
+use table::Table;
 
 /// Live-table shards per device.
-pub const SHARDS: usize = 64;
+pub const SHARDS: usize = 16;
 /// Step boundaries kept per device.
 pub const MAX_BOUNDARIES: usize = 256;
 /// History entries kept when `torch_arena_history_enable` is given 0.
@@ -130,7 +132,7 @@ pub struct Entry {
 /// A shard of the live table, on its own cache line.
 #[repr(align(64))]
 #[derive(Default)]
-struct Shard(SpinLock<PtrMap<DevPtr, Entry>>);
+struct Shard(SpinLock<Table>);
 
 /// Live bytes and count of one site.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -200,7 +202,7 @@ impl DeviceTrack {
     }
 
     #[inline]
-    fn shard(&self, ptr: DevPtr) -> &SpinLock<PtrMap<DevPtr, Entry>> {
+    fn shard(&self, ptr: DevPtr) -> &SpinLock<Table> {
         let h = (ptr >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         &self.shards[(h >> (64 - SHARDS.trailing_zeros())) as usize].0
     }
@@ -224,7 +226,9 @@ impl DeviceTrack {
     fn entries(&self) -> Vec<(DevPtr, Entry)> {
         let mut out = Vec::new();
         for s in self.shards.iter() {
-            out.extend(s.0.lock().iter().map(|(&p, &e)| (p, e)));
+            let t = s.0.lock();
+            out.reserve(t.len());
+            out.extend(t.iter().map(|(p, &e)| (p, e)));
         }
         out.sort_unstable_by_key(|(_, e)| e.seq);
         out
@@ -371,6 +375,7 @@ impl Tracker {
         Some(slot.get_or_init(DeviceTrack::new))
     }
 
+    #[inline]
     fn device_if_open(&self, device: i32) -> Option<&DeviceTrack> {
         self.devices.get(usize::try_from(device).ok()?)?.get()
     }
@@ -634,7 +639,7 @@ impl Tracker {
         if !self.enabled {
             return None;
         }
-        self.device_if_open(device)?.shard(ptr).lock().remove(&ptr)
+        self.device_if_open(device)?.shard(ptr).lock().remove(ptr)
     }
 
     /// After the arena's free of `ptr`: `freed` says whether the arena freed it (a size mismatch
@@ -710,7 +715,7 @@ impl Tracker {
             return;
         }
         for d in self.devices.iter().filter_map(OnceCell::get) {
-            if let Some(e) = d.shard(base).lock().get_mut(&base) {
+            if let Some(e) = d.shard(base).lock().get_mut(base) {
                 e.recorded = true;
                 return;
             }
@@ -722,7 +727,7 @@ impl Tracker {
         self.device_if_open(device)?
             .shard(ptr)
             .lock()
-            .get(&ptr)
+            .get(ptr)
             .copied()
     }
 

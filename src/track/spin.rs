@@ -3,8 +3,8 @@
 //! Why not `parking_lot::Mutex`: its unlock is a compare-and-swap (it must check for parked
 //! waiters), so a lock/unlock pair costs two atomic read-modify-writes; here unlock is a plain
 //! release store, and the pair costs one. On the hot path (one shard lock per malloc and one per
-//! free, critical sections of one hash-map insert or remove) that is most of tracking's cost.
-//! Shards are many (64 per device) and sections short, so waiting is rare; a waiter spins
+//! free, critical sections of one table insert or remove) the lock is taken twice per pair.
+//! Shards are many (16 per device) and sections short, so waiting is rare; a waiter spins
 //! briefly, then yields its time slice so a preempted holder can run.
 
 use std::cell::UnsafeCell;
