@@ -53,6 +53,19 @@ pub fn float(f: f64) -> String {
     }
 }
 
+/// A JSON array of items that are already JSON text: `[1, 2]`.
+pub fn array(items: impl IntoIterator<Item = String>) -> String {
+    let mut out = String::from("[");
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&item);
+    }
+    out.push(']');
+    out
+}
+
 /// A JSON object built field by field, in order: `{"a": 1, "b": "x"}`.
 pub struct Object(String);
 
@@ -80,6 +93,10 @@ impl Object {
 
     pub fn str(&mut self, key: &str, value: &str) -> &mut Self {
         self.raw(key, &string(value))
+    }
+
+    pub fn int(&mut self, key: &str, value: i64) -> &mut Self {
+        self.raw(key, &value.to_string())
     }
 
     pub fn num(&mut self, key: &str, value: u64) -> &mut Self {

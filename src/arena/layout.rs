@@ -11,10 +11,9 @@
 //!
 //! Built under the arena lock by one walk over the regions (reports only; never on the hot path).
 
-use std::fmt::Write as _;
-
 use super::{Arena, Inner};
 use crate::device::StreamId;
+use crate::json;
 use crate::stats::Pool;
 
 /// The state of a block in a [`LayoutSegment`].
@@ -207,39 +206,28 @@ fn inactive(address: u64, size: u64) -> LayoutBlock {
 /// `torch_arena_layout_json`: `layout` (from [`crate::arena::Arena::layout`]) in the contract's
 /// schema.
 pub fn layout_json(device: i32, layout: &Layout) -> String {
-    let mut out = String::with_capacity(256 + layout.segments.len() * 200);
-    let _ = write!(
-        out,
-        "{{\"device\":{device},\"reserved\":{},\"allocated\":{},\"pooled\":{},\"segments\":[",
-        layout.reserved, layout.allocated, layout.pooled
-    );
-    for (i, s) in layout.segments.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(
-            out,
-            "{{\"address\":{},\"total_size\":{},\"stream\":{},\"segment_type\":\"{}\",\"blocks\":[",
-            s.address,
-            s.total_size,
-            s.stream,
-            if s.small { "small" } else { "large" }
-        );
-        for (j, b) in s.blocks.iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            let _ = write!(
-                out,
-                "{{\"address\":{},\"size\":{},\"requested_size\":{},\"state\":\"{}\"}}",
-                b.address,
-                b.size,
-                b.requested,
-                b.state.as_str()
-            );
-        }
-        out.push_str("]}");
-    }
-    out.push_str("]}");
-    out
+    let segments = json::array(layout.segments.iter().map(|s| {
+        let blocks = json::array(s.blocks.iter().map(|b| {
+            json::Object::new()
+                .num("address", b.address)
+                .num("size", b.size)
+                .num("requested_size", b.requested)
+                .str("state", b.state.as_str())
+                .finish()
+        }));
+        json::Object::new()
+            .num("address", s.address)
+            .num("total_size", s.total_size)
+            .num("stream", s.stream)
+            .str("segment_type", if s.small { "small" } else { "large" })
+            .raw("blocks", &blocks)
+            .finish()
+    }));
+    json::Object::new()
+        .int("device", i64::from(device))
+        .num("reserved", layout.reserved)
+        .num("allocated", layout.allocated)
+        .num("pooled", layout.pooled)
+        .raw("segments", &segments)
+        .finish()
 }

@@ -149,26 +149,24 @@ pub fn render(set: &LiveSet, top: usize) -> String {
 /// `{"events_applied":N,"bytes":B,"count":C,"sites":[{"site","name","bytes","count"},...]}`,
 /// the `top` sites only, with `"sites_not_shown"`.
 pub fn to_json(set: &LiveSet, top: usize) -> String {
-    let mut out = String::with_capacity(128 + 96 * set.sites.len().min(top));
-    let _ = write!(
-        out,
-        "{{\"events_applied\":{},\"bytes\":{},\"count\":{},\"sites\":[",
-        set.events_applied, set.bytes, set.count
-    );
-    for (i, s) in set.sites.iter().take(top).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        let _ = write!(out, "{{\"site\":{},\"name\":", s.site);
-        json::push_str(&mut out, &s.name);
-        let _ = write!(out, ",\"bytes\":{},\"count\":{}}}", s.bytes, s.count);
-    }
-    let _ = write!(
-        out,
-        "],\"sites_not_shown\":{}}}",
-        set.sites.len().saturating_sub(top)
-    );
-    out
+    let sites = json::array(set.sites.iter().take(top).map(|s| {
+        json::Object::new()
+            .num("site", u64::from(s.site))
+            .str("name", &s.name)
+            .num("bytes", s.bytes)
+            .num("count", s.count)
+            .finish()
+    }));
+    json::Object::new()
+        .num("events_applied", set.events_applied as u64)
+        .num("bytes", set.bytes)
+        .num("count", set.count)
+        .raw("sites", &sites)
+        .num(
+            "sites_not_shown",
+            set.sites.len().saturating_sub(top) as u64,
+        )
+        .finish()
 }
 
 #[cfg(test)]
@@ -271,7 +269,12 @@ mod tests {
         assert!(lines[3].ends_with("train.py:10 in forward"), "{text}");
         assert_eq!(lines[4], "... and 1 more site(s)");
         let j = to_json(&set, 2);
-        assert!(j.starts_with("{\"events_applied\":6,\"bytes\":900,\"count\":6,\"sites\":[{\"site\":2,\"name\":\"train.py:20 in step\",\"bytes\":500,\"count\":1}"), "{j}");
-        assert!(j.ends_with("],\"sites_not_shown\":1}"), "{j}");
+        assert!(
+            j.starts_with(
+                r#"{"events_applied": 6, "bytes": 900, "count": 6, "sites": [{"site": 2, "name": "train.py:20 in step", "bytes": 500, "count": 1}"#
+            ),
+            "{j}"
+        );
+        assert!(j.ends_with(r#"], "sites_not_shown": 1}"#), "{j}");
     }
 }

@@ -1,70 +1,142 @@
-//! The tracker's reports as JSON: live allocations with their sites, the leak verdict, the
-//! history ring; each a plain read of the live table and the per-site series.
+//! The tracker's reports: plain structs ([`LiveReport`], [`LeakReport`], [`HistoryReport`]), each
+//! a read of the live table and the per-site series with every site's frames resolved, and
+//! their JSON (the `torch_arena_*_json` exports), written in one place at the end of this file
+//! through the crate's one writer ([`crate::json`]).
 
-use std::fmt::Write as _;
+use std::sync::Arc;
 
 use super::*;
+use sites::FrameText;
+
+/// The frames of one site, as text.
+pub type Frames = Vec<Arc<FrameText>>;
+
+/// One live allocation, as the live report lists it.
+#[derive(Clone, Debug)]
+pub struct LiveAllocation {
+    pub ptr: DevPtr,
+    pub entry: Entry,
+    /// The tag's name (`None`: no tag).
+    pub tag: Option<String>,
+}
+
+/// Every live allocation of a device, oldest first, and the frames of each site they name.
+#[derive(Clone, Debug)]
+pub struct LiveReport {
+    pub device: i32,
+    pub step: u64,
+    pub allocations: Vec<LiveAllocation>,
+    /// Site id → frames, ids ascending (0, "not captured", left out).
+    pub sites: Vec<(u32, Frames)>,
+}
+
+/// A site whose live bytes grow step after step.
+#[derive(Clone, Debug)]
+pub struct GrowingSite {
+    pub site: u32,
+    pub frames: Frames,
+    pub bytes_per_step: f64,
+    pub count_per_step: f64,
+    pub live_bytes: u64,
+    pub live_count: u64,
+    /// Since when it grows: where its live bytes last stood lowest (not the birth step of its
+    /// oldest live allocation).
+    pub first_step: u64,
+    pub steps_grown: u64,
+    /// Sizes and pointers of its newest live allocations (at most five).
+    pub example_sizes: Vec<u64>,
+    pub example_ptrs: Vec<DevPtr>,
+    /// Distinct tags of its live allocations, newest first (at most eight).
+    pub tags: Vec<String>,
+}
+
+/// A site that grew, then stayed flat: not a leak.
+#[derive(Clone, Debug)]
+pub struct PlateauedSite {
+    pub site: u32,
+    pub frames: Frames,
+    pub bytes_per_step: f64,
+    pub count_per_step: f64,
+    pub first_step: u64,
+    pub until_step: u64,
+    pub live_bytes: u64,
+    pub live_count: u64,
+}
+
+/// A live allocation at least `age_steps` steps old.
+#[derive(Clone, Debug)]
+pub struct OldAllocation {
+    pub ptr: DevPtr,
+    pub size: u64,
+    pub requested: u64,
+    pub step: u64,
+    pub age: u64,
+    pub site: u32,
+    pub frames: Frames,
+}
+
+/// The leak verdict of one device.
+#[derive(Clone, Debug)]
+pub struct LeakReport {
+    pub device: i32,
+    pub step: u64,
+    pub warmup: u64,
+    /// Steps between the first and the last boundary judged.
+    pub steps_observed: u64,
+    /// Boundaries at or after the warmup.
+    pub boundaries: u64,
+    /// Strongest growth first.
+    pub growing: Vec<GrowingSite>,
+    pub plateaued: Vec<PlateauedSite>,
+    /// Oldest first, at most [`MAX_OLD`].
+    pub old: Vec<OldAllocation>,
+    /// How many allocations were old (`old` may list fewer).
+    pub old_count: u64,
+}
+
+/// The history ring of one device, oldest first, and the frames of each site it names.
+#[derive(Clone, Debug)]
+pub struct HistoryReport {
+    pub device: i32,
+    pub entries: Vec<HistEntry>,
+    pub sites: Vec<(u32, Frames)>,
+}
 
 impl Tracker {
     // ----- reports ----------------------------------------------------------------------------
 
-    /// `"sites":{...}` for `ids` (sorted, 0 left out). Resolves frames: call with no lock held.
-    fn sites_json(&self, out: &mut String, ids: impl IntoIterator<Item = u32>) {
+    /// The frames of every site in `ids` (sorted, deduplicated, 0 left out). Resolves frames:
+    /// call with no lock held.
+    fn sites_of(&self, ids: impl IntoIterator<Item = u32>) -> Vec<(u32, Frames)> {
         let mut ids: Vec<u32> = ids.into_iter().filter(|&s| s != 0).collect();
         ids.sort_unstable();
         ids.dedup();
-        out.push_str("\"sites\":{");
-        for (i, id) in ids.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(out, "\"{id}\":");
-            self.frames_json(*id, out);
-        }
-        out.push('}');
+        ids.into_iter().map(|id| (id, self.site_text(id))).collect()
     }
 
-    fn frames_json(&self, id: u32, out: &mut String) {
-        match self.interner.stack(id) {
-            Some(f) => self.symbols.json(&f, out),
-            None => out.push_str("[]"),
-        }
-    }
-
-    fn tag_json(&self, id: u32, out: &mut String) {
-        match self.tag_name(id) {
-            Some(t) => json::push_str(out, &t),
-            None => out.push_str("null"),
-        }
-    }
-
-    /// `torch_arena_live_json`: every live allocation of `device`, oldest first, and the frames
-    /// of every site they name.
-    pub fn live_json(&self, device: i32) -> String {
+    /// Every live allocation of `device`, oldest first, with its tag's name and its site's
+    /// frames.
+    pub fn live_report(&self, device: i32) -> LiveReport {
         let live = self.live(device);
-        let mut out = String::with_capacity(128 + live.len() * 160);
-        let _ = write!(
-            out,
-            "{{\"device\":{device},\"step\":{},\"allocations\":[",
-            self.current_step()
-        );
-        for (i, (ptr, e)) in live.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(
-                out,
-                "{{\"ptr\":{ptr},\"size\":{},\"requested\":{},\"stream\":{},\"thread\":{},\
-                 \"seq\":{},\"time_us\":{},\"step\":{},\"tag\":",
-                e.size, e.requested, e.stream, e.thread, e.seq, e.time_us, e.step
-            );
-            self.tag_json(e.tag, &mut out);
-            let _ = write!(out, ",\"site\":{}}}", e.site);
+        let sites = self.sites_of(live.iter().map(|(_, e)| e.site));
+        LiveReport {
+            device,
+            step: self.current_step(),
+            allocations: live
+                .into_iter()
+                .map(|(ptr, entry)| LiveAllocation {
+                    ptr,
+                    entry,
+                    tag: self.tag_name(entry.tag),
+                })
+                .collect(),
+            sites,
         }
-        out.push_str("],");
-        self.sites_json(&mut out, live.iter().map(|(_, e)| e.site));
-        out.push('}');
-        out
+    }
+
+    /// `torch_arena_live_json`: [`Tracker::live_report`] as JSON.
+    pub fn live_json(&self, device: i32) -> String {
+        self.live_report(device).to_json()
     }
 
     /// The per-site series at boundaries at or after `warmup`, and those boundaries' steps.
@@ -141,10 +213,9 @@ impl Tracker {
         j
     }
 
-    /// `torch_arena_leaks_json`: growing sites after `warmup`, plateaued ones (grew, then
-    /// stayed flat: not leaks), and (with `age_steps` > 0) live allocations at least that many
-    /// steps old.
-    pub fn leaks_json(&self, device: i32, warmup: u64, age_steps: u64) -> String {
+    /// Growing sites of `device` after `warmup`, plateaued ones (grew, then stayed flat: not
+    /// leaks), and (with `age_steps` > 0) live allocations at least that many steps old.
+    pub fn leak_report(&self, device: i32, warmup: u64, age_steps: u64) -> LeakReport {
         let now = self.current_step();
         let Judged {
             growing,
@@ -157,79 +228,59 @@ impl Tracker {
         } else {
             self.live(device)
         };
-        let mut out = String::with_capacity(1024);
-        let _ = write!(
-            out,
-            "{{\"device\":{device},\"step\":{now},\"warmup\":{warmup},\"steps_observed\":{observed},\
-             \"boundaries\":{boundaries},\"growing\":["
-        );
-        for (i, (site, g)) in growing.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let mine: Vec<&(DevPtr, Entry)> =
-                live.iter().filter(|(_, e)| e.site == *site).collect();
-            let (live_bytes, live_count) = (
-                mine.iter().map(|(_, e)| e.size).sum::<u64>(),
-                mine.len() as u64,
-            );
-            // Since when it grows: where its live bytes last stood lowest, not the birth step
-            // of its oldest live allocation.
-            let first_step = g.from_step;
-            let newest: Vec<&&(DevPtr, Entry)> = mine.iter().rev().take(EXAMPLES).collect();
-            let _ = write!(out, "{{\"site\":{site},\"frames\":");
-            self.frames_json(*site, &mut out);
-            let _ = write!(
-                out,
-                ",\"bytes_per_step\":{},\"count_per_step\":{},\"live_bytes\":{live_bytes},\
-                 \"live_count\":{live_count},\"first_step\":{first_step},\"steps_grown\":{},\
-                 \"example_sizes\":[{}],\"example_ptrs\":[{}],\"tags\":[",
-                json::float(g.bytes_per_step),
-                json::float(g.count_per_step),
-                g.steps_grown,
-                join(newest.iter().map(|(_, e)| e.size)),
-                join(newest.iter().map(|(p, _)| *p)),
-            );
-            let mut tags: Vec<u32> = Vec::new();
-            let mut seen = HashSet::new();
-            for (_, e) in mine.iter().rev() {
-                if e.tag != 0 && seen.insert(e.tag) {
-                    tags.push(e.tag);
-                    if tags.len() == MAX_TAGS {
-                        break;
+        let live_of = |site: u32| {
+            live.iter()
+                .filter(|(_, e)| e.site == site)
+                .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1))
+        };
+        let growing = growing
+            .into_iter()
+            .map(|(site, g)| {
+                let mine: Vec<&(DevPtr, Entry)> =
+                    live.iter().filter(|(_, e)| e.site == site).collect();
+                let newest: Vec<&&(DevPtr, Entry)> = mine.iter().rev().take(EXAMPLES).collect();
+                let mut tags: Vec<u32> = Vec::new();
+                let mut seen = HashSet::new();
+                for (_, e) in mine.iter().rev() {
+                    if e.tag != 0 && seen.insert(e.tag) {
+                        tags.push(e.tag);
+                        if tags.len() == MAX_TAGS {
+                            break;
+                        }
                     }
                 }
-            }
-            for (j, t) in tags.iter().enumerate() {
-                if j > 0 {
-                    out.push(',');
+                let (live_bytes, live_count) = live_of(site);
+                GrowingSite {
+                    site,
+                    frames: self.site_text(site),
+                    bytes_per_step: g.bytes_per_step,
+                    count_per_step: g.count_per_step,
+                    live_bytes,
+                    live_count,
+                    first_step: g.from_step,
+                    steps_grown: g.steps_grown,
+                    example_sizes: newest.iter().map(|(_, e)| e.size).collect(),
+                    example_ptrs: newest.iter().map(|(p, _)| *p).collect(),
+                    tags: tags.into_iter().filter_map(|t| self.tag_name(t)).collect(),
                 }
-                self.tag_json(*t, &mut out);
-            }
-            out.push_str("]}");
-        }
-        out.push_str("],\"plateaued\":[");
-        for (i, (site, g)) in plateaued.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let (live_bytes, live_count) = live
-                .iter()
-                .filter(|(_, e)| e.site == *site)
-                .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1));
-            let _ = write!(out, "{{\"site\":{site},\"frames\":");
-            self.frames_json(*site, &mut out);
-            let _ = write!(
-                out,
-                ",\"bytes_per_step\":{},\"count_per_step\":{},\"first_step\":{},\
-                 \"until_step\":{},\"live_bytes\":{live_bytes},\"live_count\":{live_count}}}",
-                json::float(g.bytes_per_step),
-                json::float(g.count_per_step),
-                g.from_step,
-                g.high_step,
-            );
-        }
-        out.push_str("],\"old\":[");
+            })
+            .collect();
+        let plateaued = plateaued
+            .into_iter()
+            .map(|(site, g)| {
+                let (live_bytes, live_count) = live_of(site);
+                PlateauedSite {
+                    site,
+                    frames: self.site_text(site),
+                    bytes_per_step: g.bytes_per_step,
+                    count_per_step: g.count_per_step,
+                    first_step: g.from_step,
+                    until_step: g.high_step,
+                    live_bytes,
+                    live_count,
+                }
+            })
+            .collect();
         let old: Vec<&(DevPtr, Entry)> = if age_steps == 0 {
             Vec::new()
         } else {
@@ -237,56 +288,49 @@ impl Tracker {
                 .filter(|(_, e)| now.saturating_sub(e.step) >= age_steps)
                 .collect()
         };
-        for (i, (ptr, e)) in old.iter().take(MAX_OLD).enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(
-                out,
-                "{{\"ptr\":{ptr},\"size\":{},\"requested\":{},\"step\":{},\"age\":{},\"site\":{},\
-                 \"frames\":",
-                e.size,
-                e.requested,
-                e.step,
-                now - e.step,
-                e.site
-            );
-            self.frames_json(e.site, &mut out);
-            out.push('}');
+        LeakReport {
+            device,
+            step: now,
+            warmup,
+            steps_observed: observed,
+            boundaries,
+            growing,
+            plateaued,
+            old_count: old.len() as u64,
+            old: old
+                .iter()
+                .take(MAX_OLD)
+                .map(|(ptr, e)| OldAllocation {
+                    ptr: *ptr,
+                    size: e.size,
+                    requested: e.requested,
+                    step: e.step,
+                    age: now.saturating_sub(e.step),
+                    site: e.site,
+                    frames: self.site_text(e.site),
+                })
+                .collect(),
         }
-        let _ = write!(out, "],\"old_count\":{}}}", old.len());
-        out
     }
 
-    /// `torch_arena_history_json`: the history ring of `device`, oldest first.
-    pub fn history_json(&self, device: i32) -> String {
-        let h = self.history(device);
-        let mut out = String::with_capacity(64 + h.len() * 110);
-        let _ = write!(out, "{{\"device\":{device},\"entries\":[");
-        for (i, e) in h.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(
-                out,
-                "{{\"action\":\"{}\",\"addr\":{},\"size\":{},\"stream\":{},\"time_us\":{},\
-                 \"site\":{}",
-                e.action.as_str(),
-                e.addr,
-                e.size,
-                e.stream,
-                e.time_us,
-                e.site
-            );
-            if e.pending {
-                out.push_str(",\"pending\":true");
-            }
-            out.push('}');
+    /// `torch_arena_leaks_json`: [`Tracker::leak_report`] as JSON.
+    pub fn leaks_json(&self, device: i32, warmup: u64, age_steps: u64) -> String {
+        self.leak_report(device, warmup, age_steps).to_json()
+    }
+
+    /// The history ring of `device`, oldest first, with the frames of every site it names.
+    pub fn history_report(&self, device: i32) -> HistoryReport {
+        let entries = self.history(device);
+        HistoryReport {
+            device,
+            sites: self.sites_of(entries.iter().map(|e| e.site)),
+            entries,
         }
-        out.push_str("],");
-        self.sites_json(&mut out, h.iter().map(|e| e.site));
-        out.push('}');
-        out
+    }
+
+    /// `torch_arena_history_json`: [`Tracker::history_report`] as JSON.
+    pub fn history_json(&self, device: i32) -> String {
+        self.history_report(device).to_json()
     }
 }
 
@@ -301,13 +345,143 @@ struct Judged {
     observed: u64,
 }
 
-fn join(v: impl Iterator<Item = u64>) -> String {
-    let mut s = String::new();
-    for (i, x) in v.enumerate() {
+// ----- JSON -------------------------------------------------------------------------------------
+
+fn frames_json(f: &Frames) -> String {
+    let mut out = String::from("[");
+    for (i, t) in f.iter().enumerate() {
         if i > 0 {
-            s.push(',');
+            out.push_str(", ");
         }
-        let _ = write!(s, "{x}");
+        t.json(&mut out);
     }
-    s
+    out.push(']');
+    out
+}
+
+fn sites_json(sites: &[(u32, Frames)]) -> String {
+    let mut o = json::Object::new();
+    for (id, f) in sites {
+        o.raw(&id.to_string(), &frames_json(f));
+    }
+    o.finish()
+}
+
+fn opt_string(s: &Option<String>) -> String {
+    s.as_deref()
+        .map_or_else(|| "null".to_string(), json::string)
+}
+
+impl LiveReport {
+    /// `{"device", "step", "allocations": [...], "sites": {id: frames}}`.
+    pub fn to_json(&self) -> String {
+        let allocations = json::array(self.allocations.iter().map(|a| {
+            let e = &a.entry;
+            json::Object::new()
+                .num("ptr", a.ptr)
+                .num("size", e.size)
+                .num("requested", e.requested)
+                .num("stream", e.stream)
+                .num("thread", u64::from(e.thread))
+                .num("seq", e.seq)
+                .num("time_us", e.time_us)
+                .num("step", e.step)
+                .raw("tag", &opt_string(&a.tag))
+                .num("site", u64::from(e.site))
+                .finish()
+        }));
+        json::Object::new()
+            .int("device", i64::from(self.device))
+            .num("step", self.step)
+            .raw("allocations", &allocations)
+            .raw("sites", &sites_json(&self.sites))
+            .finish()
+    }
+}
+
+impl LeakReport {
+    /// `{"device", "step", "warmup", "steps_observed", "boundaries", "growing", "plateaued",
+    /// "old", "old_count"}`.
+    pub fn to_json(&self) -> String {
+        let growing = json::array(self.growing.iter().map(|g| {
+            json::Object::new()
+                .num("site", u64::from(g.site))
+                .raw("frames", &frames_json(&g.frames))
+                .float("bytes_per_step", g.bytes_per_step)
+                .float("count_per_step", g.count_per_step)
+                .num("live_bytes", g.live_bytes)
+                .num("live_count", g.live_count)
+                .num("first_step", g.first_step)
+                .num("steps_grown", g.steps_grown)
+                .raw(
+                    "example_sizes",
+                    &json::array(g.example_sizes.iter().map(u64::to_string)),
+                )
+                .raw(
+                    "example_ptrs",
+                    &json::array(g.example_ptrs.iter().map(u64::to_string)),
+                )
+                .raw("tags", &json::array(g.tags.iter().map(|t| json::string(t))))
+                .finish()
+        }));
+        let plateaued = json::array(self.plateaued.iter().map(|p| {
+            json::Object::new()
+                .num("site", u64::from(p.site))
+                .raw("frames", &frames_json(&p.frames))
+                .float("bytes_per_step", p.bytes_per_step)
+                .float("count_per_step", p.count_per_step)
+                .num("first_step", p.first_step)
+                .num("until_step", p.until_step)
+                .num("live_bytes", p.live_bytes)
+                .num("live_count", p.live_count)
+                .finish()
+        }));
+        let old = json::array(self.old.iter().map(|o| {
+            json::Object::new()
+                .num("ptr", o.ptr)
+                .num("size", o.size)
+                .num("requested", o.requested)
+                .num("step", o.step)
+                .num("age", o.age)
+                .num("site", u64::from(o.site))
+                .raw("frames", &frames_json(&o.frames))
+                .finish()
+        }));
+        json::Object::new()
+            .int("device", i64::from(self.device))
+            .num("step", self.step)
+            .num("warmup", self.warmup)
+            .num("steps_observed", self.steps_observed)
+            .num("boundaries", self.boundaries)
+            .raw("growing", &growing)
+            .raw("plateaued", &plateaued)
+            .raw("old", &old)
+            .num("old_count", self.old_count)
+            .finish()
+    }
+}
+
+impl HistoryReport {
+    /// `{"device", "entries": [...], "sites": {id: frames}}`; `"pending": true` only on a
+    /// `free_completed` whose memory waits for other streams.
+    pub fn to_json(&self) -> String {
+        let entries = json::array(self.entries.iter().map(|e| {
+            let mut o = json::Object::new();
+            o.str("action", e.action.as_str())
+                .num("addr", e.addr)
+                .num("size", e.size)
+                .num("stream", e.stream)
+                .num("time_us", e.time_us)
+                .num("site", u64::from(e.site));
+            if e.pending {
+                o.bool("pending", true);
+            }
+            o.finish()
+        }));
+        json::Object::new()
+            .int("device", i64::from(self.device))
+            .raw("entries", &entries)
+            .raw("sites", &sites_json(&self.sites))
+            .finish()
+    }
 }

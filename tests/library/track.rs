@@ -354,14 +354,19 @@ fn planted_leaks_are_exact_and_steady_loops_are_silent() {
     assert!(names[1].contains("leaky"), "{names:?}");
     assert_eq!(growing[1].1.bytes_per_step, MIB as f64);
     assert_eq!(growing[1].1.count_per_step, 1.0);
-    // The JSON says the same.
-    let j = t.leaks_json(0, 2, 0);
-    assert!(j.contains("\"bytes_per_step\":1048576.0"), "{j}");
-    assert!(j.contains("\"bytes_per_step\":3145728.0"), "{j}");
-    assert!(
-        j.contains("\"first_step\":6"),
-        "late leak's oldest live allocation: {j}"
-    );
+    // The report says the same, with the frames resolved and the live set counted.
+    let r = t.leak_report(0, 2, 0);
+    assert_eq!(r.growing.len(), 2);
+    let (late, leaky) = (&r.growing[0], &r.growing[1]);
+    assert!(late.frames[0].name.contains("late_leak"), "{late:?}");
+    assert_eq!(late.bytes_per_step, (3 * MIB) as f64);
+    assert_eq!(late.first_step, 6, "its last boundary at zero");
+    assert!(leaky.frames[0].name.contains("leaky"), "{leaky:?}");
+    assert_eq!(leaky.bytes_per_step, MIB as f64);
+    assert_eq!(leaky.live_count, t.site_live(0, leaky.site).1);
+    assert_eq!(leaky.live_bytes, t.site_live(0, leaky.site).0);
+    assert!(leaky.example_sizes.len() <= 5 && !leaky.example_sizes.is_empty());
+    assert_eq!(r.old_count, 0, "no age asked");
 }
 
 // ---- layout ----------------------------------------------------------------------------------
