@@ -1,18 +1,27 @@
 //! One shard of the live table: pointer → [`Entry`], open addressing with linear probing.
 //!
-//! Why not `std::collections::HashMap`: the table is touched twice per malloc+free pair, and its
-//! cost is where its bytes sit, not the hashing. Here the keys live in an array of their own
-//! (eight bytes a slot, so a probe walks one cache line) and the entries in a parallel array,
-//! read only once the key matched. A remove shifts the rest of its cluster back (backward-shift
-//! deletion), so there are no tombstones to pile up under churn and no rebuild to clear them:
-//! a table rebuilds only when it doubles or halves.
+//! Why not `std::collections::HashMap`: the table is touched twice per malloc+free pair, and
+//! what that costs is set by how often a probe goes past its home slot (each extra step is a
+//! branch the CPU mispredicts), not by the hashing. So the probed array holds only keys and
+//! entry numbers (16 bytes a slot) and stays at most an eighth full, where nearly every insert
+//! and lookup ends at its home slot; the entries (64 bytes) sit densely in a second array, with
+//! freed numbers reused last-in first-out through a list threaded through the unused entries
+//! themselves (a separate free-list array was one more cache line that every operation wrote,
+//! and with four threads it bounced between cores). A remove shifts the rest of its cluster back
+//! (backward-shift deletion): no tombstones pile up under churn, and nothing but 16-byte slots
+//! ever moves. Memory per live allocation: 8 to 32 slots (128 to 512 bytes) and its entry, about
+//! what a half-full table of 72-byte key and entry pairs took. BENCHMARKS.md ("Tracking cost")
+//! has the load factors measured.
 //!
 //! Keys are pointers an allocator handed out: never 0, which marks an empty slot.
 //! [`Table::insert`] ignores key 0 and lookups of it find nothing.
 //!
-//! Growth: the table doubles when live keys pass half its slots and halves when they fall under
-//! an eighth (so a peak's memory comes back). Each rebuild is linear in the slots and happens at
-//! most once per that many inserts or removes: amortised constant.
+//! Growth: the table doubles when live keys pass an eighth of its slots and halves when they
+//! fall under a thirty-second (so a peak's memory comes back); each rebuild also packs the
+//! entries densely again. A rebuild is linear in the slots and happens at most once per that
+//! many inserts or removes: amortised constant. Entry numbers are `u32` (`u32::MAX` ends the
+//! free list): 2^32 live allocations in one shard would need 256 GiB of entries (and 2 TiB of
+//! device memory) first.
 
 use super::Entry;
 use crate::device::DevPtr;
@@ -20,14 +29,35 @@ use crate::device::DevPtr;
 const EMPTY: DevPtr = 0;
 /// Slots of a new (or fully shrunk) table.
 const MIN_SLOTS: usize = 16;
+/// The table doubles once live keys * `GROW` pass its slots...
+const GROW: usize = 8;
+/// ...and halves once live keys * `SHRINK` fall under them.
+const SHRINK: usize = 32;
+
+/// A probed slot: a key and the number of its entry.
+#[derive(Clone, Copy)]
+struct Slot {
+    key: DevPtr,
+    idx: u32,
+}
+
+const FREE_SLOT: Slot = Slot { key: EMPTY, idx: 0 };
 
 /// A pointer → entry map (one shard's).
 pub(super) struct Table {
-    keys: Box<[DevPtr]>,
-    entries: Box<[Entry]>,
+    /// A power of two of them, at most an eighth live.
+    slots: Box<[Slot]>,
+    /// Indexed by `Slot::idx`. An unused one links the free list: its `seq` is the number of
+    /// the next unused entry.
+    entries: Vec<Entry>,
+    /// The first unused entry number ([`NONE`]: none), reused last-in first-out.
+    free: u32,
     /// Live keys.
-    live: usize,
+    live: u32,
 }
+
+/// The end of the free list.
+const NONE: u32 = u32::MAX;
 
 impl Default for Table {
     fn default() -> Self {
@@ -35,6 +65,7 @@ impl Default for Table {
     }
 }
 
+/// An entry with every field zero (an unused entry, but for its link).
 const BLANK: Entry = Entry {
     size: 0,
     requested: 0,
@@ -50,7 +81,7 @@ const BLANK: Entry = Entry {
 
 /// The first slot of `key`'s probe path in a table of `mask + 1` slots. Pointers are at least
 /// 512-byte aligned, so the low bits are dropped first; the multiply spreads the rest and the
-/// top half of the product (the bits the shard choice does not use) picks the slot.
+/// product's middle bits (not the top ones, which pick the shard) pick the slot.
 #[inline]
 fn home(key: DevPtr, mask: usize) -> usize {
     let h = (key >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -59,22 +90,22 @@ fn home(key: DevPtr, mask: usize) -> usize {
 
 impl Table {
     fn with_slots(slots: usize) -> Self {
-        debug_assert!(slots.is_power_of_two());
         Table {
-            keys: vec![EMPTY; slots].into_boxed_slice(),
-            entries: vec![BLANK; slots].into_boxed_slice(),
+            slots: vec![FREE_SLOT; slots].into_boxed_slice(),
+            entries: Vec::new(),
+            free: NONE,
             live: 0,
         }
     }
 
     #[inline]
     fn mask(&self) -> usize {
-        self.keys.len() - 1
+        self.slots.len() - 1
     }
 
     /// Live keys.
     pub(super) fn len(&self) -> usize {
-        self.live
+        self.live as usize
     }
 
     /// The slot holding `key`, if any.
@@ -85,10 +116,8 @@ impl Table {
         }
         let mask = self.mask();
         let mut i = home(key, mask);
-        // At most half the slots are live (the table doubles first), so an empty slot ends
-        // every probe path.
         loop {
-            match self.keys[i] {
+            match self.slots[i].key {
                 k if k == key => return Some(i),
                 EMPTY => return None,
                 _ => i = (i + 1) & mask,
@@ -105,17 +134,28 @@ impl Table {
         let mask = self.mask();
         let mut i = home(key, mask);
         loop {
-            match self.keys[i] {
-                k if k == key => return Some(std::mem::replace(&mut self.entries[i], e)),
+            match self.slots[i].key {
+                k if k == key => {
+                    let idx = self.slots[i].idx as usize;
+                    return Some(std::mem::replace(&mut self.entries[idx], e));
+                }
                 EMPTY => break,
                 _ => i = (i + 1) & mask,
             }
         }
-        self.keys[i] = key;
-        self.entries[i] = e;
+        let idx = if self.free != NONE {
+            let idx = self.free;
+            self.free = self.entries[idx as usize].seq as u32;
+            self.entries[idx as usize] = e;
+            idx
+        } else {
+            self.entries.push(e);
+            (self.entries.len() - 1) as u32
+        };
+        self.slots[i] = Slot { key, idx };
         self.live += 1;
-        if self.live * 2 > self.keys.len() {
-            self.rebuild(self.keys.len() * 2);
+        if self.live as usize * GROW > self.slots.len() {
+            self.rebuild(self.slots.len() * 2);
         }
         None
     }
@@ -124,7 +164,15 @@ impl Table {
     #[inline]
     pub(super) fn remove(&mut self, key: DevPtr) -> Option<Entry> {
         let mut hole = self.find(key)?;
-        let e = self.entries[hole];
+        let idx = self.slots[hole].idx;
+        let e = std::mem::replace(
+            &mut self.entries[idx as usize],
+            Entry {
+                seq: u64::from(self.free),
+                ..BLANK
+            },
+        );
+        self.free = idx;
         let mask = self.mask();
         // Backward shift: walk the rest of the cluster; a key whose probe path runs through the
         // hole (its home is not in the cyclic range after the hole up to where it sits) moves
@@ -132,59 +180,63 @@ impl Table {
         let mut j = hole;
         loop {
             j = (j + 1) & mask;
-            let k = self.keys[j];
+            let k = self.slots[j].key;
             if k == EMPTY {
                 break;
             }
             let h = home(k, mask);
             if (j.wrapping_sub(h) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.keys[hole] = k;
-                self.entries[hole] = self.entries[j];
+                self.slots[hole] = self.slots[j];
                 hole = j;
             }
         }
-        self.keys[hole] = EMPTY;
+        self.slots[hole].key = EMPTY;
         self.live -= 1;
-        if self.keys.len() > MIN_SLOTS && self.live * 8 < self.keys.len() {
-            self.rebuild(self.keys.len() / 2);
+        if self.slots.len() > MIN_SLOTS && (self.live as usize) * SHRINK < self.slots.len() {
+            self.rebuild(self.slots.len() / 2);
         }
         Some(e)
     }
 
     #[inline]
     pub(super) fn get(&self, key: DevPtr) -> Option<&Entry> {
-        self.find(key).map(|i| &self.entries[i])
+        self.find(key)
+            .map(|i| &self.entries[self.slots[i].idx as usize])
     }
 
     #[inline]
     pub(super) fn get_mut(&mut self, key: DevPtr) -> Option<&mut Entry> {
-        self.find(key).map(|i| &mut self.entries[i])
+        let i = self.find(key)?;
+        Some(&mut self.entries[self.slots[i].idx as usize])
     }
 
     /// Every live key and its entry, in slot order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (DevPtr, &Entry)> {
-        self.keys
+        self.slots
             .iter()
-            .zip(self.entries.iter())
-            .filter(|(k, _)| **k != EMPTY)
-            .map(|(k, e)| (*k, e))
+            .filter(|s| s.key != EMPTY)
+            .map(|s| (s.key, &self.entries[s.idx as usize]))
     }
 
-    /// Move every live key into a table of `slots` slots.
+    /// Move every live key into a table of `slots` slots, and their entries into a dense array.
     #[cold]
     fn rebuild(&mut self, slots: usize) {
         let old = std::mem::replace(self, Table::with_slots(slots));
         let mask = self.mask();
-        for (k, e) in old.keys.iter().zip(old.entries.iter()) {
-            if *k == EMPTY {
+        self.entries.reserve(old.live as usize);
+        for s in old.slots.iter() {
+            if s.key == EMPTY {
                 continue;
             }
-            let mut i = home(*k, mask);
-            while self.keys[i] != EMPTY {
+            let mut i = home(s.key, mask);
+            while self.slots[i].key != EMPTY {
                 i = (i + 1) & mask;
             }
-            self.keys[i] = *k;
-            self.entries[i] = *e;
+            self.slots[i] = Slot {
+                key: s.key,
+                idx: self.entries.len() as u32,
+            };
+            self.entries.push(old.entries[s.idx as usize]);
         }
         self.live = old.live;
     }
@@ -219,12 +271,36 @@ mod tests {
             t.insert(i << 9, entry(i));
         }
         assert_eq!(t.len(), 100_000);
-        assert!(t.keys.len() >= 200_000);
+        assert!(t.slots.len() >= 200_000);
         for i in 1..=100_000u64 {
             assert_eq!(t.remove(i << 9).map(|e| e.seq), Some(i));
         }
         assert_eq!(t.len(), 0);
-        assert!(t.keys.len() <= 4 * MIN_SLOTS, "{} slots left", t.keys.len());
+        assert!(
+            t.slots.len() <= 4 * MIN_SLOTS,
+            "{} slots left",
+            t.slots.len()
+        );
+    }
+
+    #[test]
+    fn a_rebuild_packs_the_entries() {
+        let mut t = Table::default();
+        for i in 1..=10_000u64 {
+            t.insert(i << 9, entry(i));
+        }
+        for i in 1..=9_990u64 {
+            t.remove(i << 9);
+        }
+        assert_eq!(t.len(), 10);
+        assert!(
+            t.entries.len() <= 4 * MIN_SLOTS,
+            "{} entries kept",
+            t.entries.len()
+        );
+        for i in 9_991..=10_000u64 {
+            assert_eq!(t.get(i << 9).map(|e| e.seq), Some(i));
+        }
     }
 
     #[test]
@@ -240,8 +316,11 @@ mod tests {
             }
         }
         assert_eq!(t.len(), 7);
-        assert_eq!(t.keys.len(), MIN_SLOTS);
-        assert_eq!(t.keys.iter().filter(|&&k| k != EMPTY).count(), 7);
+        // At most 8 live at once: the slots stay at the size 8 live keys need, and entry numbers
+        // are reused rather than appended.
+        assert_eq!(t.slots.len(), (8 * GROW).next_power_of_two());
+        assert!(t.entries.len() <= 8, "{} entries", t.entries.len());
+        assert_eq!(t.slots.iter().filter(|s| s.key != EMPTY).count(), 7);
     }
 
     #[derive(Clone, Debug)]
@@ -283,7 +362,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(t.len(), m.len());
-                prop_assert!(t.len() * 2 <= t.keys.len());
+                prop_assert!(t.len() * GROW <= t.slots.len());
                 for (k, _) in m.iter() {
                     prop_assert!(t.get(*k).is_some());
                 }
