@@ -348,15 +348,7 @@ struct Judged {
 // ----- JSON -------------------------------------------------------------------------------------
 
 fn frames_json(f: &Frames) -> String {
-    let mut out = String::from("[");
-    for (i, t) in f.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        t.json(&mut out);
-    }
-    out.push(']');
-    out
+    json::array(f.iter().map(|t| t.to_json()))
 }
 
 fn sites_json(sites: &[(u32, Frames)]) -> String {

@@ -367,17 +367,16 @@ pub struct FrameText {
 
 impl FrameText {
     /// The frame as a JSON object (the contract's frame schema).
-    pub fn json(&self, out: &mut String) {
-        out.push_str("{\"filename\":");
-        json::push_str(out, &self.filename);
-        out.push_str(&format!(",\"line\":{},\"name\":", self.line));
-        json::push_str(out, &self.name);
-        out.push_str(",\"kind\":");
-        json::push_str(out, self.kind);
+    pub fn to_json(&self) -> String {
+        let mut o = json::Object::new();
+        o.str("filename", &self.filename)
+            .int("line", self.line)
+            .str("name", &self.name)
+            .str("kind", self.kind);
         if let Some(ip) = self.ip {
-            out.push_str(&format!(",\"ip\":\"{ip:#x}\""));
+            o.str("ip", &format!("{ip:#x}"));
         }
-        out.push('}');
+        o.finish()
     }
 }
 
@@ -485,18 +484,6 @@ impl Symbolizer {
         };
         out.drain(..own);
         out
-    }
-
-    /// `frames` as a JSON array of frame objects.
-    pub fn json(&self, frames: &[Frame], out: &mut String) {
-        out.push('[');
-        for (i, t) in self.resolve(frames).iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            t.json(out);
-        }
-        out.push(']');
     }
 }
 

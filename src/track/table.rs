@@ -108,21 +108,29 @@ impl Table {
         self.live as usize
     }
 
+    /// Walk `key`'s probe path: `Ok(slot)` holding it, or `Err(slot)`, the empty slot that
+    /// ends the path (where it would go). At most an eighth of the slots are live, so an empty
+    /// slot ends every path.
+    #[inline]
+    fn probe(&self, key: DevPtr) -> Result<usize, usize> {
+        let mask = self.mask();
+        let mut i = home(key, mask);
+        loop {
+            match self.slots[i].key {
+                k if k == key => return Ok(i),
+                EMPTY => return Err(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
     /// The slot holding `key`, if any.
     #[inline]
     fn find(&self, key: DevPtr) -> Option<usize> {
         if key == EMPTY {
             return None;
         }
-        let mask = self.mask();
-        let mut i = home(key, mask);
-        loop {
-            match self.slots[i].key {
-                k if k == key => return Some(i),
-                EMPTY => return None,
-                _ => i = (i + 1) & mask,
-            }
-        }
+        self.probe(key).ok()
     }
 
     /// Put `e` at `key`, replacing (and returning) what was there.
@@ -131,18 +139,13 @@ impl Table {
         if key == EMPTY {
             return None;
         }
-        let mask = self.mask();
-        let mut i = home(key, mask);
-        loop {
-            match self.slots[i].key {
-                k if k == key => {
-                    let idx = self.slots[i].idx as usize;
-                    return Some(std::mem::replace(&mut self.entries[idx], e));
-                }
-                EMPTY => break,
-                _ => i = (i + 1) & mask,
+        let i = match self.probe(key) {
+            Ok(i) => {
+                let idx = self.slots[i].idx as usize;
+                return Some(std::mem::replace(&mut self.entries[idx], e));
             }
-        }
+            Err(i) => i,
+        };
         let idx = if self.free != NONE {
             let idx = self.free;
             self.free = self.entries[idx as usize].seq as u32;
