@@ -274,9 +274,20 @@ mod tests {
             t.insert(i << 9, entry(i));
         }
         assert_eq!(t.len(), 100_000);
-        assert!(t.slots.len() >= 200_000);
+        // What the module promises: 8 to 32 slots per live key (at most an eighth full, halved
+        // below a thirty-second), and one entry each.
+        assert!((8 * 100_000..=32 * 100_000).contains(&t.slots.len()));
+        assert_eq!(t.entries.len(), 100_000);
         for i in 1..=100_000u64 {
             assert_eq!(t.remove(i << 9).map(|e| e.seq), Some(i));
+            if t.slots.len() > MIN_SLOTS {
+                assert!(
+                    t.len() * SHRINK >= t.slots.len(),
+                    "{} live in {}",
+                    t.len(),
+                    t.slots.len()
+                );
+            }
         }
         assert_eq!(t.len(), 0);
         assert!(
