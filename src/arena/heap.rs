@@ -25,8 +25,9 @@ pub struct Heap {
     /// neighbours it may merge with in two hash lookups (boundary tags), no ordered search.
     by_addr: IntMap<u64, FreeBlock>,
     by_end: IntMap<u64, u64>,
-    /// `(len, addr)`: the first entry at or above a size is the best fit, lowest address first.
-    by_size: BTreeSet<(u64, u64)>,
+    /// `(len, addr, region)`: the first entry at or above a size is the best fit, lowest address
+    /// first (the region rides along so that a candidate needs no second lookup).
+    by_size: BTreeSet<(u64, u64, u32)>,
 }
 
 impl Heap {
@@ -54,7 +55,7 @@ impl Heap {
     /// Best fit: the smallest free block of at least `len` bytes, lowest address among equals.
     /// Returns the address and region of the `len` bytes taken from its start.
     pub fn alloc(&mut self, len: u64) -> Option<(u64, u32)> {
-        let &(_, addr) = self.by_size.range((len, 0)..).next()?;
+        let &(_, addr, _) = self.by_size.range((len, 0, 0)..).next()?;
         Some((addr, self.take(addr, len)))
     }
 
@@ -62,26 +63,33 @@ impl Heap {
     /// caller that weighs more than size (the arena prefers blocks whose pages are mapped).
     pub fn candidates(&self, len: u64, k: usize) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.by_size
-            .range((len, 0)..)
+            .range((len, 0, 0)..)
             .take(k)
-            .map(|&(_, addr)| (addr, self.by_addr[&addr].region))
+            .map(|&(_, addr, region)| (addr, region))
     }
 
     /// Take `len` bytes from the start of the free block at `addr` (one `candidates` returned).
     /// Returns its region.
     pub fn take(&mut self, addr: u64, len: u64) -> u32 {
-        let block = self.remove(addr);
+        let block = self.by_addr.remove(&addr).expect("heap block exists");
         assert!(
             block.len >= len,
             "taking {len} bytes from a free block of {}",
             block.len
         );
+        self.by_size.remove(&(block.len, addr, block.region));
+        let end = addr + block.len;
         if block.len > len {
+            // The rest keeps the block's end: its `by_end` entry is updated in place.
             let rest = FreeBlock {
                 len: block.len - len,
                 region: block.region,
             };
-            self.insert(addr + len, rest);
+            self.by_addr.insert(addr + len, rest);
+            self.by_end.insert(end, addr + len);
+            self.by_size.insert((rest.len, addr + len, rest.region));
+        } else {
+            self.by_end.remove(&end);
         }
         block.region
     }
@@ -121,13 +129,13 @@ impl Heap {
     fn insert(&mut self, addr: u64, b: FreeBlock) {
         self.by_addr.insert(addr, b);
         self.by_end.insert(addr + b.len, addr);
-        self.by_size.insert((b.len, addr));
+        self.by_size.insert((b.len, addr, b.region));
     }
 
     fn remove(&mut self, addr: u64) -> FreeBlock {
         let b = self.by_addr.remove(&addr).expect("heap block exists");
         self.by_end.remove(&(addr + b.len));
-        self.by_size.remove(&(b.len, addr));
+        self.by_size.remove(&(b.len, addr, b.region));
         b
     }
 }
