@@ -96,20 +96,26 @@ impl Heap {
 
     /// Give back `[addr, addr + len)` of `region`, merging with free neighbours in that region.
     pub fn free(&mut self, addr: u64, len: u64, region: u32) {
-        let end = addr + len;
         let mut start = addr;
+        let mut stop = addr + len;
+        // The block ending at `addr`: its end entry is `addr`, which the merged block no longer
+        // has; its start becomes ours.
         if let Some(&prev) = self.by_end.get(&addr)
-            && self.by_addr[&prev].region == region
-        {
-            self.remove(prev);
-            start = prev;
-        }
-        let mut stop = end;
-        if let Some(&b) = self.by_addr.get(&end)
+            && let Some(&b) = self.by_addr.get(&prev)
             && b.region == region
         {
-            self.remove(end);
-            stop = end + b.len;
+            self.by_addr.remove(&prev);
+            self.by_end.remove(&addr);
+            self.by_size.remove(&(b.len, prev, region));
+            start = prev;
+        }
+        // The block starting at our end: its end entry stays and is rewritten below.
+        if let Some(&b) = self.by_addr.get(&stop)
+            && b.region == region
+        {
+            self.by_addr.remove(&stop);
+            self.by_size.remove(&(b.len, stop, region));
+            stop += b.len;
         }
         self.insert(
             start,
@@ -124,6 +130,34 @@ impl Heap {
     #[cfg(test)]
     pub fn free_blocks(&self) -> usize {
         self.by_addr.len()
+    }
+
+    /// The module's invariants: the three indexes hold the same blocks, and no two free blocks
+    /// of one region touch (they would have been merged).
+    #[cfg(test)]
+    pub fn check(&self) -> Result<(), String> {
+        if self.by_end.len() != self.by_addr.len() || self.by_size.len() != self.by_addr.len() {
+            return Err(format!(
+                "{} by address, {} by end, {} by size",
+                self.by_addr.len(),
+                self.by_end.len(),
+                self.by_size.len()
+            ));
+        }
+        for (&addr, b) in &self.by_addr {
+            if self.by_end.get(&(addr + b.len)) != Some(&addr) {
+                return Err(format!("block {addr:#x}+{:#x} has no end entry", b.len));
+            }
+            if !self.by_size.contains(&(b.len, addr, b.region)) {
+                return Err(format!("block {addr:#x}+{:#x} has no size entry", b.len));
+            }
+            if let Some(next) = self.by_addr.get(&(addr + b.len))
+                && next.region == b.region
+            {
+                return Err(format!("blocks at {addr:#x} and after it were not merged"));
+            }
+        }
+        Ok(())
     }
 
     fn insert(&mut self, addr: u64, b: FreeBlock) {
@@ -143,6 +177,70 @@ impl Heap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Random allocations and frees over two adjacent regions, against a model of which
+        /// units are taken: the heap hands out only free units, best fit first, and keeps its
+        /// invariants after every operation.
+        #[test]
+        fn it_keeps_its_invariants_and_fits_best(
+            ops in proptest::collection::vec((any::<bool>(), 1u64..40, any::<prop::sample::Index>()), 1..300),
+        ) {
+            let mut h = Heap::new();
+            h.add_region(0, 64, 0);
+            h.add_region(64, 64, 1);
+            let mut taken = [false; 128];
+            let mut live: Vec<(u64, u64, u32)> = Vec::new();
+            for (alloc, len, pick) in ops {
+                if alloc || live.is_empty() {
+                    // The best fit the model sees: the smallest free run (within one region)
+                    // of at least `len`, lowest address among equals.
+                    let mut best: Option<(u64, u64)> = None;
+                    let mut i = 0u64;
+                    while i < 128 {
+                        if taken[i as usize] {
+                            i += 1;
+                            continue;
+                        }
+                        let mut j = i;
+                        while j < 128 && !taken[j as usize] && j / 64 == i / 64 {
+                            j += 1;
+                        }
+                        let run = j - i;
+                        if run >= len && best.is_none_or(|(l, _)| run < l) {
+                            best = Some((run, i));
+                        }
+                        i = j;
+                    }
+                    let got = h.alloc(len);
+                    prop_assert_eq!(got.map(|g| g.0), best.map(|b| b.1));
+                    if let Some((addr, region)) = got {
+                        prop_assert_eq!(u64::from(region), addr / 64);
+                        for u in addr..addr + len {
+                            prop_assert!(!taken[u as usize], "unit {} handed out twice", u);
+                            taken[u as usize] = true;
+                        }
+                        live.push((addr, len, region));
+                    }
+                } else {
+                    let (addr, len, region) = live.swap_remove(pick.index(live.len()));
+                    h.free(addr, len, region);
+                    for u in addr..addr + len {
+                        taken[u as usize] = false;
+                    }
+                }
+                if let Err(e) = h.check() {
+                    return Err(TestCaseError::fail(e));
+                }
+            }
+            for (addr, len, region) in live {
+                h.free(addr, len, region);
+            }
+            prop_assert_eq!(h.free_blocks(), 2);
+            prop_assert!(h.remove_region(0, 64) && h.remove_region(64, 64));
+        }
+    }
 
     #[test]
     fn best_fit_and_coalescing() {
