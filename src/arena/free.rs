@@ -214,8 +214,14 @@ impl Inner {
                 Some((base, slab.stream))
             }
             Pool::Large => {
-                let (&base, b) = self.large.range(..=ptr).next_back()?;
-                (ptr < base + b.len).then_some((base, b.stream))
+                // Exact first (what PyTorch passes); an interior pointer scans the live blocks.
+                if let Some(b) = self.large.get(&ptr) {
+                    return Some((ptr, b.stream));
+                }
+                self.large
+                    .iter()
+                    .find(|&(&base, b)| base < ptr && ptr < base + b.len)
+                    .map(|(&base, b)| (base, b.stream))
             }
         }
     }

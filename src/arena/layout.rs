@@ -110,20 +110,25 @@ impl Inner {
             }
             // Live allocations of this region, in address order.
             let live: Vec<LayoutBlock> = match r.pool {
-                Pool::Large => self
-                    .large
-                    .range(r.base..r.base + r.len)
-                    .map(|(&addr, b)| LayoutBlock {
-                        address: addr,
-                        size: b.len,
-                        requested: b.requested,
-                        state: if b.pending {
-                            BlockState::ActivePendingFree
-                        } else {
-                            BlockState::ActiveAllocated
-                        },
-                    })
-                    .collect(),
+                Pool::Large => {
+                    let mut v: Vec<LayoutBlock> = self
+                        .large
+                        .iter()
+                        .filter(|&(&addr, _)| addr >= r.base && addr < r.base + r.len)
+                        .map(|(&addr, b)| LayoutBlock {
+                            address: addr,
+                            size: b.len,
+                            requested: b.requested,
+                            state: if b.pending {
+                                BlockState::ActivePendingFree
+                            } else {
+                                BlockState::ActiveAllocated
+                            },
+                        })
+                        .collect();
+                    v.sort_unstable_by_key(|b| b.address);
+                    v
+                }
                 Pool::Small => {
                     let mut slabs: Vec<&super::Slab> = self
                         .slabs

@@ -394,7 +394,9 @@ struct Inner {
     region_by_addr: Vec<(u64, u32)>,
     slabs: Vec<Slab>,
     free_slab_ids: Vec<u32>,
-    large: BTreeMap<u64, LargeBlock>,
+    /// Live large blocks by address (hashed: the hot path only ever asks for an exact address;
+    /// an interior pointer, asked for by `record_stream` or `base_alloc` only, scans them).
+    large: IntMap<u64, LargeBlock>,
     /// Extra streams named by `record_stream`, per live allocation.
     recorded: IntMap<u64, Vec<StreamId>>,
     pending: VecDeque<Pending>,
@@ -474,7 +476,7 @@ impl Arena {
             region_by_addr: Vec::new(),
             slabs: Vec::new(),
             free_slab_ids: Vec::new(),
-            large: BTreeMap::new(),
+            large: IntMap::default(),
             recorded: IntMap::default(),
             pending: VecDeque::new(),
             pending_ptrs: IntMap::default(),

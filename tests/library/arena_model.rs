@@ -213,6 +213,60 @@ fn oom_message_names_every_figure() {
     arena.malloc(4 << 20, 0).unwrap();
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Live large blocks are found by exact address on the hot path; an interior pointer (from
+    /// `base_alloc`, `record_stream` or a bad free) must still name the block containing it,
+    /// among many, and a pointer into a freed gap must name none.
+    #[test]
+    fn interior_pointers_find_their_large_block(
+        sizes in prop::collection::vec(1u64..(12 << 20), 2..40),
+        keep in prop::collection::vec(any::<bool>(), 40),
+        probes in prop::collection::vec((any::<prop::sample::Index>(), 0u64..(1 << 30)), 1..60),
+    ) {
+        let sim = Arc::new(SimDevice::new(SimConfig::new(2 << 30, PAGE, false)).unwrap());
+        let arena = Arena::new(sim as Arc<dyn Device>, &Config::default()).unwrap();
+        let sizes: Vec<u64> = sizes.into_iter().map(|s| s + (1 << 20)).collect();
+        let blocks: Vec<(u64, u64)> = sizes.iter().map(|&s| (arena.malloc(s, 0).unwrap(), s)).collect();
+        let mut live = Vec::new();
+        let mut gone = Vec::new();
+        for (i, &(p, s)) in blocks.iter().enumerate() {
+            if keep[i] {
+                live.push((p, s));
+            } else {
+                arena.free(p, Some(s), 0).unwrap();
+                gone.push((p, s));
+            }
+        }
+        for (pick, off) in probes {
+            if !live.is_empty() {
+                let (p, s) = live[pick.index(live.len())];
+                let at = p + off % s;
+                let (base, len) = arena.base_alloc(at).unwrap();
+                prop_assert_eq!(base, p);
+                prop_assert!(len >= s);
+                arena.record_stream(at, 7).unwrap();
+                if at != p {
+                    let e = arena.free(at, None, 0).unwrap_err().to_string();
+                    prop_assert!(e.contains("inside the allocation"), "{}", e);
+                }
+            }
+            if !gone.is_empty() {
+                let (p, s) = gone[pick.index(gone.len())];
+                let at = p + off % s;
+                // Unless a live block now covers the freed range.
+                if let Some(&(q, _)) = live.iter().find(|&&(q, t)| q <= at && at < q + t) {
+                    prop_assert_eq!(arena.base_alloc(at).unwrap().0, q);
+                } else {
+                    prop_assert!(arena.base_alloc(at).is_err());
+                }
+            }
+        }
+        arena.check_consistency().unwrap();
+    }
+}
+
 #[test]
 fn bad_frees_are_reported_and_change_nothing() {
     let sim = Arc::new(SimDevice::new(SimConfig::new(64 << 20, PAGE, false)).unwrap());
