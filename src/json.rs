@@ -95,6 +95,13 @@ impl Object {
         self.raw(key, &string(value))
     }
 
+    pub fn opt_str(&mut self, key: &str, value: Option<&str>) -> &mut Self {
+        match value {
+            Some(v) => self.str(key, v),
+            None => self.raw(key, "null"),
+        }
+    }
+
     pub fn int(&mut self, key: &str, value: i64) -> &mut Self {
         self.raw(key, &value.to_string())
     }

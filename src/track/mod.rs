@@ -111,7 +111,7 @@ impl Hasher for PtrHasher {
 type PtrMap<K, V> = HashMap<K, V, BuildHasherDefault<PtrHasher>>;
 
 /// One live allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
     /// Block size (the request rounded as the arena rounds it).
     pub size: u64,

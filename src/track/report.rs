@@ -228,11 +228,6 @@ impl Tracker {
         } else {
             self.live(device)
         };
-        let live_of = |site: u32| {
-            live.iter()
-                .filter(|(_, e)| e.site == site)
-                .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1))
-        };
         let growing = growing
             .into_iter()
             .map(|(site, g)| {
@@ -249,14 +244,13 @@ impl Tracker {
                         }
                     }
                 }
-                let (live_bytes, live_count) = live_of(site);
                 GrowingSite {
                     site,
                     frames: self.site_text(site),
                     bytes_per_step: g.bytes_per_step,
                     count_per_step: g.count_per_step,
-                    live_bytes,
-                    live_count,
+                    live_bytes: mine.iter().map(|(_, e)| e.size).sum(),
+                    live_count: mine.len() as u64,
                     first_step: g.from_step,
                     steps_grown: g.steps_grown,
                     example_sizes: newest.iter().map(|(_, e)| e.size).collect(),
@@ -268,7 +262,10 @@ impl Tracker {
         let plateaued = plateaued
             .into_iter()
             .map(|(site, g)| {
-                let (live_bytes, live_count) = live_of(site);
+                let (live_bytes, live_count) = live
+                    .iter()
+                    .filter(|(_, e)| e.site == site)
+                    .fold((0u64, 0u64), |(b, c), (_, e)| (b + e.size, c + 1));
                 PlateauedSite {
                     site,
                     frames: self.site_text(site),
@@ -359,11 +356,6 @@ fn sites_json(sites: &[(u32, Frames)]) -> String {
     o.finish()
 }
 
-fn opt_string(s: &Option<String>) -> String {
-    s.as_deref()
-        .map_or_else(|| "null".to_string(), json::string)
-}
-
 impl LiveReport {
     /// `{"device", "step", "allocations": [...], "sites": {id: frames}}`.
     pub fn to_json(&self) -> String {
@@ -378,7 +370,7 @@ impl LiveReport {
                 .num("seq", e.seq)
                 .num("time_us", e.time_us)
                 .num("step", e.step)
-                .raw("tag", &opt_string(&a.tag))
+                .opt_str("tag", a.tag.as_deref())
                 .num("site", u64::from(e.site))
                 .finish()
         }));

@@ -1,16 +1,17 @@
 //! One shard of the live table: pointer → [`Entry`], open addressing with linear probing.
 //!
 //! Why not `std::collections::HashMap`: the table is touched twice per malloc+free pair, and
-//! what that costs is set by how often a probe goes past its home slot (each extra step is a
-//! branch the CPU mispredicts), not by the hashing. So the probed array holds only keys and
-//! entry numbers (16 bytes a slot) and stays at most an eighth full, where nearly every insert
-//! and lookup ends at its home slot; the entries (64 bytes) sit densely in a second array, with
-//! freed numbers reused last-in first-out through a list threaded through the unused entries
-//! themselves (a separate free-list array was one more cache line that every operation wrote,
-//! and with four threads it bounced between cores). A remove shifts the rest of its cluster back
-//! (backward-shift deletion): no tombstones pile up under churn, and nothing but 16-byte slots
-//! ever moves. Memory per live allocation: 8 to 32 slots (128 to 512 bytes) and its entry, about
-//! what a half-full table of 72-byte key and entry pairs took. BENCHMARKS.md ("Tracking cost")
+//! what that costs follows how often a probe goes past its home slot (measured: a lower load
+//! factor made tracked pairs cheaper; mispredicted probe-loop branches are the likely reason),
+//! not the hashing. So the probed array holds only keys and entry numbers (16 bytes a slot) and
+//! stays at most an eighth full, where nearly every insert and lookup ends at its home slot;
+//! the entries (64 bytes) sit densely in a second array, with freed numbers reused last-in
+//! first-out through a list threaded through the unused entries themselves (a separate
+//! free-list array was one more cache line that every operation wrote, and with four threads
+//! it bounced between cores). A remove shifts the rest of its cluster back (backward-shift
+//! deletion): no tombstones pile up under churn, and nothing but 16-byte slots ever moves.
+//! Memory per live allocation: 8 to 32 slots (128 to 512 bytes) and its entry, about what a
+//! half-full table of 72-byte key and entry pairs took. BENCHMARKS.md ("Tracking cost")
 //! has the load factors measured.
 //!
 //! Keys are pointers an allocator handed out: never 0, which marks an empty slot.
@@ -64,20 +65,6 @@ impl Default for Table {
         Table::with_slots(MIN_SLOTS)
     }
 }
-
-/// An entry with every field zero (an unused entry, but for its link).
-const BLANK: Entry = Entry {
-    size: 0,
-    requested: 0,
-    stream: 0,
-    seq: 0,
-    time_us: 0,
-    step: 0,
-    thread: 0,
-    tag: 0,
-    site: 0,
-    recorded: false,
-};
 
 /// The first slot of `key`'s probe path in a table of `mask + 1` slots. Pointers are at least
 /// 512-byte aligned, so the low bits are dropped first; the multiply spreads the rest and the
@@ -170,9 +157,10 @@ impl Table {
         let idx = self.slots[hole].idx;
         let e = std::mem::replace(
             &mut self.entries[idx as usize],
+            // Unused now: its `seq` links the free list.
             Entry {
                 seq: u64::from(self.free),
-                ..BLANK
+                ..Entry::default()
             },
         );
         self.free = idx;
@@ -252,7 +240,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn entry(seq: u64) -> Entry {
-        Entry { seq, ..BLANK }
+        Entry {
+            seq,
+            ..Entry::default()
+        }
     }
 
     #[test]

@@ -366,7 +366,20 @@ fn planted_leaks_are_exact_and_steady_loops_are_silent() {
     assert_eq!(leaky.live_count, t.site_live(0, leaky.site).1);
     assert_eq!(leaky.live_bytes, t.site_live(0, leaky.site).0);
     assert!(leaky.example_sizes.len() <= 5 && !leaky.example_sizes.is_empty());
-    assert_eq!(r.old_count, 0, "no age asked");
+    // With an age asked, the old list is the live table's allocations at least that old,
+    // oldest first.
+    let now = t.current_step();
+    let aged = t.leak_report(0, 2, 3);
+    let want: Vec<u64> = t
+        .live(0)
+        .iter()
+        .filter(|(_, e)| now - e.step >= 3)
+        .map(|&(p, _)| p)
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(aged.old_count, want.len() as u64);
+    assert_eq!(aged.old.iter().map(|o| o.ptr).collect::<Vec<_>>(), want);
+    assert!(aged.old.iter().all(|o| o.age >= 3 && o.age == now - o.step));
 }
 
 // ---- layout ----------------------------------------------------------------------------------
