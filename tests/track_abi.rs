@@ -177,7 +177,9 @@ fn leaks_json_reports_a_planted_leak() {
     let _g = session();
     let warmup = torch_arena_current_step() + 1;
     let mut kept = Vec::new();
-    for _ in 0..8 {
+    // An opaque trip count: an unrolled loop would call `leak_one_mib` from 8 return addresses,
+    // that is 8 sites (as unrolling by the compiler did here once).
+    for _ in 0..std::hint::black_box(8) {
         kept.push(leak_one_mib());
         let t = malloc(3 << 20); // steady: allocated and freed every step
         free(t, 3 << 20);
