@@ -153,6 +153,14 @@ impl Inner {
                 self.pooled_pages
             ));
         }
+        let shared: u64 = self.shared_handles.values().map(|&k| k as u64).sum();
+        if shared != self.shared_pages || shared * self.page > self.reserved() {
+            return Err(format!(
+                "handles with spare pages hold {shared} pages, {} counted, {} bytes reserved",
+                self.shared_pages,
+                self.reserved()
+            ));
+        }
         let partial = self
             .regions
             .iter()

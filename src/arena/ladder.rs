@@ -202,6 +202,9 @@ impl Inner {
             self.pool_put(h, k, Instant::now());
             return Err(e);
         }
+        if let Some(k) = self.shared_handles.remove(&h.0) {
+            self.shared_pages -= k as u64;
+        }
         self.stats.segment.decrease(Pool::Large, 1);
         self.stats
             .reserved_bytes

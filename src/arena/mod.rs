@@ -83,13 +83,16 @@ const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
 /// Where the addresses after a medium block's (under 20 MiB) last new run are free, the handle
-/// created for it also covers up to `GROWTH_BYTES` of them, and at most 1/`GROWTH_SHARE` of what
-/// is reserved: PyTorch's medium segment (`kLargeBuffer`, 20 MiB), so that blocks share creates,
-/// scaled down for small workloads so that they are not rounded up by a large share. Only while
-/// reserved memory stays under 1/`SPARE_LIMIT_SHARE` of the limit: a handle shared by several
-/// blocks cannot move while any of them lives (the adversarial trace runs out of memory at 1/4).
+/// created for it also covers up to `GROWTH_BYTES` of them: PyTorch's medium segment
+/// (`kLargeBuffer`, 20 MiB), so that blocks share creates. The step is at most 1/`GROWTH_SHARE`
+/// of the pages created in growth steps so far, so that a workload that grows by few medium
+/// blocks (whatever its large blocks) is not rounded up, and one that grows by many soon gets
+/// whole steps. Handles created with spare pages hold at most 1/`SPARE_LIMIT_SHARE` of the
+/// limit in all: such a handle may come to serve several blocks and cannot move while any of them
+/// lives, and memory must stay free to move (the adversarial trace runs out of memory when a
+/// quarter of the limit is in shared handles).
 const GROWTH_BYTES: u64 = 20 << 20;
-const GROWTH_SHARE: u64 = 16;
+const GROWTH_SHARE: u64 = 12;
 const SPARE_LIMIT_SHARE: u64 = 8;
 /// The small pool grows by up to this many pages at a time, under the same two conditions (a
 /// slab page is shared by slabs of every class, so the next slabs soon need the next pages; one
@@ -407,6 +410,12 @@ struct Inner {
     pool: BTreeMap<u32, Vec<(PageHandle, Instant)>>,
     /// Pages in `pool`.
     pooled_pages: u64,
+    /// Handles created with spare pages (growth steps, `Inner::back_run`), mapped or pooled, by
+    /// their length in pages; and their pages in all, at most 1/[`SPARE_LIMIT_SHARE`] of the limit.
+    shared_handles: IntMap<u64, u32>,
+    shared_pages: u64,
+    /// Pages created in growth steps so far: a step's spare is at most 1/[`GROWTH_SHARE`] of it.
+    grown_pages: u64,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
     /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
@@ -483,6 +492,9 @@ impl Arena {
             spare_events: Vec::new(),
             pool: BTreeMap::new(),
             pooled_pages: 0,
+            shared_handles: IntMap::default(),
+            shared_pages: 0,
+            grown_pages: 0,
             idle_len: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
             // counts its handle's pages in a u16, so that bounds a handle sized to its run.

@@ -224,6 +224,7 @@ impl Inner {
     ) -> std::result::Result<(), Miss> {
         let owner = self.regions[region as usize].stream;
         let pool = self.regions[region as usize].pool;
+        let private = self.streams[owner as usize].pool.is_some();
         // A handle moves only whole, and stays where it is while any of its pages is in use: the
         // nearer the limit, the smaller the handles, so that memory stays free to move where
         // the next request needs it. At most 1/HEADROOM_SHARE of what the limit leaves.
@@ -241,6 +242,8 @@ impl Inner {
             ),
             Pool::Large => (self.handle_pages.min(headroom), 0),
         };
+        // A private pool (graph capture) keeps its pages until it is released: no spare.
+        let spare = if private { 0 } else { spare };
         let handles = self.acquire(len, per_handle, anywhere, owner, spare)?;
         let base = self.regions[region as usize].base;
         let run: Vec<(PageHandle, u64)> = handles
@@ -317,13 +320,15 @@ impl Inner {
         own: u32,
         spare: u32,
     ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
-        // Growth steps scale with what is held, so that a small workload is not rounded up by a
-        // large share; and stop once what is held nears the limit: spare pages join other
-        // blocks, and a handle whose pages serve several blocks cannot move while any of them
-        // lives, where memory must stay free to move.
-        let held = self.reserved() / self.page;
-        let spare = match held + (n + spare) as u64 <= self.limit / self.page / SPARE_LIMIT_SHARE {
-            true => spare.min((held / GROWTH_SHARE) as u32),
+        // Growth steps scale with how much the workload has grown in steps, so that a few
+        // medium blocks are not rounded up; and stop once handles with spare pages would hold
+        // more than their share of the limit: spare pages join other blocks, and a handle whose
+        // pages serve several blocks cannot move while any of them lives.
+        let stepping = spare > 0;
+        let spare = match self.shared_pages + (n + spare) as u64
+            <= self.limit / self.page / SPARE_LIMIT_SHARE
+        {
+            true => spare.min((self.grown_pages / GROWTH_SHARE).min(u32::MAX as u64) as u32),
             false => 0,
         };
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
@@ -362,6 +367,13 @@ impl Inner {
                 let k = (want + spare).min(per_handle).min(room);
                 match self.dev.create_page(k as u64 * self.page) {
                     Ok(h) => {
+                        if stepping {
+                            self.grown_pages += k as u64;
+                        }
+                        if k > want {
+                            self.shared_handles.insert(h.0, k);
+                            self.shared_pages += k as u64;
+                        }
                         self.stats.segment.increase(Pool::Large, 1);
                         self.stats
                             .reserved_bytes

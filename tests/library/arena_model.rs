@@ -189,6 +189,40 @@ fn stitching_reuses_pages_across_address_fragmentation() {
 }
 
 #[test]
+fn medium_blocks_share_creates_whatever_the_large_blocks_hold() {
+    // 1 GiB device: a 512 MiB block first (more than an eighth of the limit), then 3 MiB
+    // blocks, each of 2 pages. Growth steps scale with what medium blocks needed, not with what
+    // is held: once a few were created exactly, a create also covers the next ones.
+    let sim = Arc::new(SimDevice::new(SimConfig::new(1 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let big = arena.malloc(512 << 20, 0).unwrap();
+    let before = sim.counters().mem_create;
+    let medium: Vec<u64> = (0..40).map(|_| arena.malloc(3 << 20, 0).unwrap()).collect();
+    let creates = sim.counters().mem_create - before;
+    assert!(creates < 25, "40 medium blocks took {creates} creates");
+    arena.check_consistency().unwrap();
+    // Handles with spare pages hold at most an eighth of the limit (128 MiB): 240 MiB more of
+    // medium blocks pass it, and from then on each block gets exactly its pages.
+    let mut more: Vec<u64> = (0..80).map(|_| arena.malloc(3 << 20, 0).unwrap()).collect();
+    for _ in 0..10 {
+        let held = arena.stats().reserved_bytes.all().current;
+        more.push(arena.malloc(3 << 20, 0).unwrap());
+        let grew = arena.stats().reserved_bytes.all().current - held;
+        assert!(
+            grew <= 4 << 20,
+            "a 3 MiB block grew the arena by {grew} bytes"
+        );
+    }
+    arena.check_consistency().unwrap();
+    for p in medium.into_iter().chain(more).chain([big]) {
+        arena.free(p, None, 0).unwrap();
+    }
+    arena.empty_cache().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+    arena.check_consistency().unwrap();
+}
+
+#[test]
 fn oom_message_names_every_figure() {
     let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 20, PAGE, false)).unwrap());
     let arena = Arena::new(sim as Arc<dyn Device>, &Config::default()).unwrap();
