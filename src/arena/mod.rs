@@ -82,22 +82,28 @@ const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
-/// Where the addresses after a medium block's (under 20 MiB) last new run are free, the handle
-/// created for it also covers up to `GROWTH_BYTES` of them: PyTorch's medium segment
-/// (`kLargeBuffer`, 20 MiB), so that blocks share creates. The step is at most 1/`GROWTH_SHARE`
-/// of the pages created in growth steps so far, so that a workload that grows by few medium
-/// blocks (whatever its large blocks) is not rounded up, and one that grows by many soon gets
-/// whole steps. Handles created with spare pages hold at most 1/`SPARE_LIMIT_SHARE` of the
-/// limit in all: such a handle may come to serve several blocks and cannot move while any of them
-/// lives, and memory must stay free to move (the adversarial trace runs out of memory when a
-/// quarter of the limit is in shared handles).
-const GROWTH_BYTES: u64 = 20 << 20;
+/// Blocks under `MEDIUM_BYTES` (PyTorch's `kLargeBuffer`, the 20 MiB segment it packs 1–10 MiB
+/// requests into) grow the arena in steps: where the addresses after a medium block's last new
+/// run are free, the handle created for it also covers up to `GROWTH_BYTES` in all, so that the
+/// next medium blocks placed there need no create. A step is at most 1/`GROWTH_SHARE` of the
+/// pages created in steps so far, so that a workload that grows by few medium blocks (whatever
+/// its large blocks) is not rounded up, and one that grows by many soon gets whole steps; what a
+/// step leaves unused at the peak is at most one step. Handles created with spare pages hold at
+/// most 1/`SPARE_LIMIT_SHARE` of the limit in all: such a handle may come to serve several blocks
+/// and cannot move while any of them lives, and memory must stay free to move (the adversarial
+/// trace runs out of memory when a quarter of the limit is in shared handles).
+const MEDIUM_BYTES: u64 = 20 << 20;
+const GROWTH_BYTES: u64 = 64 << 20;
 const GROWTH_SHARE: u64 = 12;
 const SPARE_LIMIT_SHARE: u64 = 8;
-/// The small pool grows by up to this many pages at a time, under the same two conditions (a
-/// slab page is shared by slabs of every class, so the next slabs soon need the next pages; one
-/// create for four pages instead of four).
+/// The small pool grows by up to this many pages at a time, within the same budget (a slab page
+/// is shared by slabs of every class, so the next slabs soon need the next pages; one create for
+/// four pages instead of four), and by at most 1/`SMALL_GROWTH_SHARE` of what is reserved (whole
+/// steps once 2 GiB of 2 MiB pages is held): what a step leaves unused is then a small share of
+/// what is held, and a workload that holds little grows by the page, as PyTorch's 2 MiB small
+/// segments do.
 const SMALL_GROWTH_PAGES: u32 = 4;
+const SMALL_GROWTH_SHARE: u64 = 256;
 /// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
 /// leaves (`Inner::back_run`).
 const HEADROOM_SHARE: u64 = 8;

@@ -82,7 +82,7 @@ impl Inner {
         let last = ((addr + len - 1 - base) / self.page) as u32;
         self.count_range(region, addr, len, true);
         // Medium blocks grow the pool in steps (`back_run`); larger ones map what they need.
-        let grow = len < GROWTH_BYTES;
+        let grow = len < MEDIUM_BYTES;
         if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, grow) {
             self.count_range(region, addr, len, false);
             return Err(e);
@@ -209,8 +209,8 @@ impl Inner {
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
-    /// With `grow` (a medium block's last run), growth comes in steps of [`GROWTH_BYTES`]: when
-    /// a handle must be created and the pages after the run are unmapped too, it also covers
+    /// With `grow` (a medium block's last run), growth comes in steps of up to [`GROWTH_BYTES`]:
+    /// when a handle must be created and the pages after the run are unmapped too, it also covers
     /// some of them (mapped, unused, ready for the next block placed there), as PyTorch rounds
     /// medium requests up to 20 MiB segments. One create then serves several medium blocks.
     /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
@@ -230,7 +230,7 @@ impl Inner {
         // the next request needs it. At most 1/HEADROOM_SHARE of what the limit leaves.
         let headroom = (self.limit.saturating_sub(self.reserved()) / self.page / HEADROOM_SHARE)
             .clamp(1, u32::MAX as u64) as u32;
-        let (per_handle, spare) = match pool {
+        let (per_handle, offered) = match pool {
             Pool::Small => (
                 SMALL_GROWTH_PAGES,
                 self.spare_after(region, start + len, len)
@@ -242,9 +242,19 @@ impl Inner {
             ),
             Pool::Large => (self.handle_pages.min(headroom), 0),
         };
-        // A private pool (graph capture) keeps its pages until it is released: no spare.
-        let spare = if private { 0 } else { spare };
-        let handles = self.acquire(len, per_handle, anywhere, owner, spare)?;
+        // How far a step goes: the small pool's (a few pages, shared by slabs of every class)
+        // scales with all that is held; a medium block's with the pages created in steps so far,
+        // so that a few medium blocks beside large ones are not rounded up. A private pool (graph
+        // capture) keeps its pages until it is released: no step.
+        let scale = match pool {
+            Pool::Small => self.reserved() / self.page / SMALL_GROWTH_SHARE,
+            Pool::Large => self.grown_pages / GROWTH_SHARE,
+        };
+        let spare = match private {
+            true => 0,
+            false => offered.min(scale.min(u32::MAX as u64) as u32),
+        };
+        let handles = self.acquire(len, per_handle, anywhere, owner, spare, offered > 0)?;
         let base = self.regions[region as usize].base;
         let run: Vec<(PageHandle, u64)> = handles
             .iter()
@@ -308,7 +318,8 @@ impl Inner {
 
     /// Unmapped handles tiling `n` pages, in mapping order, each at most `per_handle` pages when
     /// created here; a handle created here may also cover up to `spare` pages past the `n`
-    /// (growth in steps, `back_run`): pooled handles that fit first (largest first); then, with
+    /// (growth in steps, `back_run`; `stepping`: the run could have had spare pages, and what is
+    /// created counts as grown in steps): pooled handles that fit first (largest first); then, with
     /// stitching or when `anywhere`, idle handles proven safe, unmapped into the pool; then new
     /// handles within the limit; and when `anywhere`, pooled handles too large for what is left
     /// are released to make room. On failure every handle taken goes back to the pool.
@@ -319,18 +330,14 @@ impl Inner {
         anywhere: bool,
         own: u32,
         spare: u32,
+        stepping: bool,
     ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
-        // Growth steps scale with how much the workload has grown in steps, so that a few
-        // medium blocks are not rounded up; and stop once handles with spare pages would hold
-        // more than their share of the limit: spare pages join other blocks, and a handle whose
-        // pages serve several blocks cannot move while any of them lives.
-        let stepping = spare > 0;
-        let spare = match self.shared_pages + (n + spare) as u64
-            <= self.limit / self.page / SPARE_LIMIT_SHARE
-        {
-            true => spare.min((self.grown_pages / GROWTH_SHARE).min(u32::MAX as u64) as u32),
-            false => 0,
-        };
+        // Handles with spare pages hold at most their share of the limit: spare pages join other
+        // blocks, and a handle whose pages serve several blocks cannot move while any of them
+        // lives.
+        let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
+            .saturating_sub(self.shared_pages + n as u64);
+        let spare = (spare as u64).min(budget) as u32;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
         // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
