@@ -458,3 +458,42 @@ fn an_allocation_routed_to_an_ended_pool_gets_general_memory() {
     assert_eq!(arena.pool_info(pool), None);
     assert_eq!(arena.stats().reserved_bytes.all().current, 0);
 }
+
+/// A private pool keeps its pages until it is released, so it grows by exactly what its blocks
+/// need: no growth steps, even after general traffic made steps large.
+#[test]
+fn a_private_pool_grows_by_exactly_what_it_needs() {
+    let (dev, arena) = rig(2048);
+    // General medium traffic first: enough growth in steps that a step would be many pages.
+    let general: Vec<u64> = (0..60).map(|_| arena.malloc(3 * MIB, 0).unwrap()).collect();
+    let pool = (4, 0);
+    arena.begin_pool(pool).unwrap();
+    dev.begin_capture(9).unwrap();
+    // 5 MiB blocks of 3 pages each, and small requests: their slabs' pages.
+    let pooled: Vec<u64> = (0..6)
+        .flat_map(|_| {
+            [
+                arena.malloc_pool(5 * MIB, 9, pool).unwrap(),
+                arena.malloc_pool(4096, 9, pool).unwrap(),
+            ]
+        })
+        .collect();
+    let info = arena.pool_info(pool).unwrap();
+    assert_eq!(
+        info.mapped_pages, info.used_pages,
+        "a private pool maps no page it does not use: {info:?}"
+    );
+    let g = dev.end_capture(9).unwrap();
+    arena.end_pool(pool).unwrap();
+    for p in pooled {
+        arena.free(p, None, 9).unwrap();
+    }
+    arena.release_pool(pool).unwrap();
+    dev.destroy_graph(g);
+    for p in general {
+        arena.free(p, None, 0).unwrap();
+    }
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
