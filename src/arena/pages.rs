@@ -244,15 +244,19 @@ impl Inner {
         };
         // How far a step goes: the small pool's (a few pages, shared by slabs of every class)
         // scales with all that is held; a medium block's with the pages created in steps so far,
-        // so that a few medium blocks beside large ones are not rounded up. A private pool (graph
-        // capture) keeps its pages until it is released: no step.
+        // so that a few medium blocks beside large ones are not rounded up. Handles with spare
+        // pages hold at most their share of the limit: spare pages join other blocks, and a
+        // handle whose pages serve several blocks cannot move while any of them lives. A private
+        // pool (graph capture) keeps its pages until it is released: no step.
         let scale = match pool {
             Pool::Small => self.reserved() / self.page / SMALL_GROWTH_SHARE,
             Pool::Large => self.grown_pages / GROWTH_SHARE,
         };
+        let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
+            .saturating_sub(self.shared_pages + len as u64);
         let spare = match private {
             true => 0,
-            false => offered.min(scale.min(u32::MAX as u64) as u32),
+            false => (offered as u64).min(scale).min(budget) as u32,
         };
         let handles = self.acquire(len, per_handle, anywhere, owner, spare, offered > 0)?;
         let base = self.regions[region as usize].base;
@@ -318,8 +322,10 @@ impl Inner {
 
     /// Unmapped handles tiling `n` pages, in mapping order, each at most `per_handle` pages when
     /// created here; a handle created here may also cover up to `spare` pages past the `n`
-    /// (growth in steps, `back_run`; `stepping`: the run could have had spare pages, and what is
-    /// created counts as grown in steps): pooled handles that fit first (largest first); then, with
+    /// (growth in steps, sized and budgeted by `back_run`, which passes `stepping` when the run
+    /// could have had spare pages: what is created then counts as grown in steps; a handle with
+    /// spare pages is recorded in `shared_handles`): pooled handles that fit first (largest
+    /// first); then, with
     /// stitching or when `anywhere`, idle handles proven safe, unmapped into the pool; then new
     /// handles within the limit; and when `anywhere`, pooled handles too large for what is left
     /// are released to make room. On failure every handle taken goes back to the pool.
@@ -332,12 +338,6 @@ impl Inner {
         spare: u32,
         stepping: bool,
     ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
-        // Handles with spare pages hold at most their share of the limit: spare pages join other
-        // blocks, and a handle whose pages serve several blocks cannot move while any of them
-        // lives.
-        let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
-            .saturating_sub(self.shared_pages + n as u64);
-        let spare = (spare as u64).min(budget) as u32;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
         // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
