@@ -92,8 +92,18 @@ const NO_SLAB: u32 = u32::MAX;
 /// most 1/`SPARE_LIMIT_SHARE` of the limit in all: such a handle may come to serve several blocks
 /// and cannot move while any of them lives, and memory must stay free to move (the adversarial
 /// trace runs out of memory when a quarter of the limit is in shared handles).
+///
+///
+/// Whatever the ramp allows, the step of a block under `FLOOR_BELOW_BYTES` (PyTorch's
+/// `kMinLargeAlloc`: it packs those into 20 MiB segments, and gives larger ones their size)
+/// covers at least `GROWTH_FLOOR_BYTES`, block and spare together, within the same budget: a
+/// workload that holds little would otherwise grow by the page where PyTorch's first segment
+/// serves all its medium requests. 16 MiB was measured against 12, 14, 18 and 20 MiB on the
+/// shared traces (BENCHMARKS.md, "Growth steps, measured").
 const MEDIUM_BYTES: u64 = 20 << 20;
 const GROWTH_BYTES: u64 = 64 << 20;
+const GROWTH_FLOOR_BYTES: u64 = 16 << 20;
+const FLOOR_BELOW_BYTES: u64 = 10 << 20;
 const GROWTH_SHARE: u64 = 12;
 const SPARE_LIMIT_SHARE: u64 = 8;
 /// The small pool grows by up to this many pages at a time, within the same budget (a slab page
@@ -429,6 +439,8 @@ struct Inner {
     handle_pages: u32,
     /// The step in which the large pool grows ([`GROWTH_BYTES`] in pages).
     growth_pages: u32,
+    /// The least a step covers ([`GROWTH_FLOOR_BYTES`] in pages, at least one).
+    growth_floor_pages: u32,
     /// When the arena started: the origin of `PageSlot::idle_since`.
     epoch: Instant,
     seq: u64,
@@ -509,6 +521,7 @@ impl Arena {
                 mb => ((mb << 20) / page).clamp(1, u16::MAX as u64) as u32,
             },
             growth_pages: (GROWTH_BYTES / page).clamp(1, u16::MAX as u64) as u32,
+            growth_floor_pages: (GROWTH_FLOOR_BYTES / page).clamp(1, u16::MAX as u64) as u32,
             epoch: now,
             seq: 0,
             stats: DeviceStats::new(),

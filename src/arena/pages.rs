@@ -81,9 +81,15 @@ impl Inner {
         let first = ((addr - base) / self.page) as u32;
         let last = ((addr + len - 1 - base) / self.page) as u32;
         self.count_range(region, addr, len, true);
-        // Medium blocks grow the pool in steps (`back_run`); larger ones map what they need.
-        let grow = len < MEDIUM_BYTES;
-        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, grow) {
+        // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
+        // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
+        // what the ramp allows. Larger ones map what they need.
+        let step = match len {
+            l if l < FLOOR_BELOW_BYTES => Some(self.growth_floor_pages),
+            l if l < MEDIUM_BYTES => Some(0),
+            _ => None,
+        };
+        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, step) {
             self.count_range(region, addr, len, false);
             return Err(e);
         }
@@ -169,7 +175,7 @@ impl Inner {
 
     /// Map physical memory under every page of `first..first+n` of `region` that has none: each
     /// maximal run of unmapped pages gets handles that tile it exactly (one cuMemMap each) and one
-    /// cuMemSetAccess (with `grow`, the last may cover spare pages past the range: `back_run`).
+    /// cuMemSetAccess (with a `step`, the last may cover spare pages past the range: `back_run`).
     /// The pages are already counted as used, so reclaiming cannot pick them. On
     /// failure every handle mapped here is unmapped again and pooled (one the driver refuses to
     /// unmap stays mapped, and goes idle when its users are uncounted).
@@ -179,7 +185,7 @@ impl Inner {
         first: u32,
         n: u32,
         anywhere: bool,
-        grow: bool,
+        step: Option<u32>,
     ) -> std::result::Result<(), Miss> {
         if self.regions[region as usize].plain {
             return Ok(());
@@ -203,13 +209,15 @@ impl Inner {
             }
             // Runs mapped before a failure stay mapped: valid memory that goes idle when the
             // caller uncounts its users.
-            self.back_run(region, start, p - start, anywhere, grow && p == first + n)?;
+            let last = p == first + n;
+            self.back_run(region, start, p - start, anywhere, step.filter(|_| last))?;
         }
         Ok(())
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
-    /// With `grow` (a medium block's last run), growth comes in steps of up to [`GROWTH_BYTES`]:
+    /// With a `step` (a medium block's last run: the least the step covers with the run, in
+    /// pages), growth comes in steps of up to [`GROWTH_BYTES`]:
     /// when a handle must be created and the pages after the run are unmapped too, it also covers
     /// some of them (mapped, unused, ready for the next block placed there), as PyTorch rounds
     /// medium requests up to 20 MiB segments. One create then serves several medium blocks.
@@ -220,7 +228,7 @@ impl Inner {
         start: u32,
         len: u32,
         anywhere: bool,
-        grow: bool,
+        step: Option<u32>,
     ) -> std::result::Result<(), Miss> {
         let owner = self.regions[region as usize].stream;
         let pool = self.regions[region as usize].pool;
@@ -236,7 +244,7 @@ impl Inner {
                 self.spare_after(region, start + len, len)
                     .min(SMALL_GROWTH_PAGES.saturating_sub(len)),
             ),
-            Pool::Large if grow => (
+            Pool::Large if step.is_some() => (
                 self.handle_pages.min(headroom),
                 self.spare_after(region, start + len, len),
             ),
@@ -244,13 +252,17 @@ impl Inner {
         };
         // How far a step goes: the small pool's (a few pages, shared by slabs of every class)
         // scales with all that is held; a medium block's with the pages created in steps so far,
-        // so that a few medium blocks beside large ones are not rounded up. Handles with spare
+        // so that a few medium blocks beside large ones are not rounded up, but to at least
+        // what `step` asks with the run, so that a small workload does not grow by the page
+        // where PyTorch's first 20 MiB segment would serve it whole. Handles with spare
         // pages hold at most their share of the limit: spare pages join other blocks, and a
         // handle whose pages serve several blocks cannot move while any of them lives. A private
         // pool (graph capture) keeps its pages until it is released: no step.
         let scale = match pool {
             Pool::Small => self.reserved() / self.page / SMALL_GROWTH_SHARE,
-            Pool::Large => self.grown_pages / GROWTH_SHARE,
+            Pool::Large => {
+                (self.grown_pages / GROWTH_SHARE).max(step.unwrap_or(0).saturating_sub(len) as u64)
+            }
         };
         let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
             .saturating_sub(self.shared_pages + len as u64);

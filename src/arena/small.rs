@@ -87,7 +87,7 @@ impl Inner {
         for p in first..=last {
             self.page_user_added(region, p);
         }
-        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, false) {
+        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, None) {
             for p in first..=last {
                 self.page_user_removed(region, p);
             }

@@ -223,6 +223,28 @@ fn medium_blocks_share_creates_whatever_the_large_blocks_hold() {
 }
 
 #[test]
+fn a_small_workload_grows_in_steps_as_native_does() {
+    // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs
+    // requests under 10 MiB into 20 MiB segments, so it creates twice; the arena's first step
+    // covers at least 16 MiB with its block, so it creates two handles too, not sixteen, and
+    // holds no more than those 32 MiB.
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let blocks: Vec<u64> = (0..16).map(|_| arena.malloc(2 << 20, 0).unwrap()).collect();
+    let creates = sim.counters().mem_create;
+    assert!(creates <= 2, "16 blocks of 2 MiB took {creates} creates");
+    let held = arena.stats().reserved_bytes.all().current;
+    assert!(held <= 32 << 20, "16 blocks of 2 MiB hold {held} bytes");
+    arena.check_consistency().unwrap();
+    for p in blocks {
+        arena.free(p, None, 0).unwrap();
+    }
+    arena.empty_cache().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+    arena.check_consistency().unwrap();
+}
+
+#[test]
 fn oom_message_names_every_figure() {
     let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 20, PAGE, false)).unwrap());
     let arena = Arena::new(sim as Arc<dyn Device>, &Config::default()).unwrap();
