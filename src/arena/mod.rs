@@ -93,7 +93,6 @@ const NO_SLAB: u32 = u32::MAX;
 /// and cannot move while any of them lives, and memory must stay free to move (the adversarial
 /// trace runs out of memory when a quarter of the limit is in shared handles).
 ///
-///
 /// Whatever the ramp allows, the step of a block under `FLOOR_BELOW_BYTES` (PyTorch's
 /// `kMinLargeAlloc`: it packs those into 20 MiB segments, and gives larger ones their size)
 /// covers at least `GROWTH_FLOOR_BYTES`, block and spare together, within the same budget: a

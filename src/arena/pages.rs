@@ -217,10 +217,10 @@ impl Inner {
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
     /// With a `step` (a medium block's last run: the least the step covers with the run, in
-    /// pages), growth comes in steps of up to [`GROWTH_BYTES`]:
-    /// when a handle must be created and the pages after the run are unmapped too, it also covers
-    /// some of them (mapped, unused, ready for the next block placed there), as PyTorch rounds
-    /// medium requests up to 20 MiB segments. One create then serves several medium blocks.
+    /// pages), growth comes in steps of up to [`GROWTH_BYTES`]: when a handle must be created and
+    /// the pages after the run are unmapped too, it also covers some of them (mapped, unused,
+    /// ready for the next block placed there), as PyTorch rounds medium requests up to 20 MiB
+    /// segments. One create then serves several medium blocks.
     /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
     fn back_run(
         &mut self,
@@ -336,11 +336,11 @@ impl Inner {
     /// created here; a handle created here may also cover up to `spare` pages past the `n`
     /// (growth in steps, sized and budgeted by `back_run`, which passes `stepping` when the run
     /// could have had spare pages: what is created then counts as grown in steps; a handle with
-    /// spare pages is recorded in `shared_handles`): pooled handles that fit first (largest
-    /// first); then, with
-    /// stitching or when `anywhere`, idle handles proven safe, unmapped into the pool; then new
-    /// handles within the limit; and when `anywhere`, pooled handles too large for what is left
-    /// are released to make room. On failure every handle taken goes back to the pool.
+    /// spare pages is recorded in `shared_handles`). Pooled handles that fit come first (largest
+    /// first); then, with stitching or when `anywhere`, idle handles proven safe, unmapped into
+    /// the pool; then new handles within the limit; and when `anywhere`, pooled handles too large
+    /// for what is left are released to make room. On failure every handle taken goes back to
+    /// the pool.
     pub(super) fn acquire(
         &mut self,
         n: u32,
