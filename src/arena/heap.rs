@@ -8,9 +8,8 @@
 //! merged; `by_size`, `by_addr` and `by_end` hold the same blocks. Every operation is O(log n)
 //! (one ordered set, by size; the address maps are hash maps).
 
-use std::collections::BTreeSet;
-
 use super::IntMap;
+use super::size_index::SizeIndex;
 
 /// A free range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +26,7 @@ pub struct Heap {
     by_end: IntMap<u64, u64>,
     /// `(len, addr, region)`: the first entry at or above a size is the best fit, lowest address
     /// first (the region rides along so that a candidate needs no second lookup).
-    by_size: BTreeSet<(u64, u64, u32)>,
+    by_size: SizeIndex,
 }
 
 impl Heap {
@@ -55,17 +54,16 @@ impl Heap {
     /// Best fit: the smallest free block of at least `len` bytes, lowest address among equals.
     /// Returns the address and region of the `len` bytes taken from its start.
     pub fn alloc(&mut self, len: u64) -> Option<(u64, u32)> {
-        let &(_, addr, _) = self.by_size.range((len, 0, 0)..).next()?;
+        let (_, addr, _) = self.by_size.first_at_least(len)?;
         Some((addr, self.take(addr, len)))
     }
 
-    /// Up to `k` free blocks of at least `len` bytes, best fit first: `(addr, region)`. For a
-    /// caller that weighs more than size (the arena prefers blocks whose pages are mapped).
-    pub fn candidates(&self, len: u64, k: usize) -> impl Iterator<Item = (u64, u32)> + '_ {
+    /// Calls `f` on the free blocks of at least `len` bytes, best fit first, `(addr, region)`,
+    /// until it returns false. For a caller that weighs more than size (the arena prefers blocks
+    /// whose pages are mapped).
+    pub fn each_fit(&self, len: u64, mut f: impl FnMut(u64, u32) -> bool) {
         self.by_size
-            .range((len, 0, 0)..)
-            .take(k)
-            .map(|&(_, addr, region)| (addr, region))
+            .each_at_least(len, |(_, addr, region)| f(addr, region));
     }
 
     /// Take `len` bytes from the start of the free block at `addr` (one `candidates` returned).

@@ -56,26 +56,19 @@ impl Inner {
     /// A large block for stream `s`: among the best fits by size, the one whose range needs the
     /// fewest pages mapped (a freed block of the same size needs none).
     pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<(u64, u32)> {
-        let mut fits = [(0u64, 0u32); PLACEMENT_CANDIDATES];
-        let mut n = 0;
-        for c in self.streams[s as usize]
-            .large
-            .candidates(len, PLACEMENT_CANDIDATES)
-        {
-            fits[n] = c;
-            n += 1;
-        }
         let mut best: Option<(u64, u64, u32)> = None;
-        for &(addr, region) in &fits[..n] {
-            let limit = best.map_or(u64::MAX, |b| b.0);
-            let missing = self.unmapped_pages(region, addr, len, limit);
-            if missing < limit {
-                best = Some((missing, addr, region));
-                if missing == 0 {
-                    break;
+        let mut seen = 0;
+        self.streams[s as usize]
+            .large
+            .each_fit(len, |addr, region| {
+                let limit = best.map_or(u64::MAX, |b| b.0);
+                let missing = self.unmapped_pages(region, addr, len, limit);
+                if missing < limit {
+                    best = Some((missing, addr, region));
                 }
-            }
-        }
+                seen += 1;
+                missing > 0 && seen < PLACEMENT_CANDIDATES
+            });
         let (_, addr, region) = best?;
         self.streams[s as usize].large.take(addr, len);
         Some((addr, region))

@@ -47,6 +47,7 @@ mod layout;
 mod pages;
 mod pool;
 mod size_class;
+mod size_index;
 mod slab;
 mod small;
 mod streams;
