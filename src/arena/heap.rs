@@ -8,6 +8,8 @@
 //! merged; `by_size`, `by_addr` and `by_end` hold the same blocks. Every operation is O(log n)
 //! (one ordered set, by size; the address maps are hash maps).
 
+use std::collections::hash_map::Entry;
+
 use super::IntMap;
 use super::size_index::SizeIndex;
 
@@ -93,35 +95,52 @@ impl Heap {
     }
 
     /// Give back `[addr, addr + len)` of `region`, merging with free neighbours in that region.
+    /// A block merged into the one before it keeps that block's start entry (its length
+    /// rewritten); one merged with the block after it takes over that block's end entry.
     pub fn free(&mut self, addr: u64, len: u64, region: u32) {
         let mut start = addr;
         let mut stop = addr + len;
-        // The block ending at `addr`: its end entry is `addr`, which the merged block no longer
-        // has; its start becomes ours.
-        if let Some(&prev) = self.by_end.get(&addr)
-            && let Some(&b) = self.by_addr.get(&prev)
-            && b.region == region
-        {
-            self.by_addr.remove(&prev);
+        // The block ending at `addr`, whose start becomes ours.
+        let before = match self.by_end.get(&addr) {
+            Some(&prev) => match self.by_addr.get(&prev) {
+                Some(b) if b.region == region => Some((prev, b.len)),
+                _ => None,
+            },
+            None => None,
+        };
+        if let Some((prev, prev_len)) = before {
             self.by_end.remove(&addr);
-            self.by_size.remove(&(b.len, prev, region));
+            self.by_size.remove(&(prev_len, prev, region));
             start = prev;
         }
-        // The block starting at our end: its end entry stays and is rewritten below.
-        if let Some(&b) = self.by_addr.get(&stop)
-            && b.region == region
-        {
-            self.by_addr.remove(&stop);
-            self.by_size.remove(&(b.len, stop, region));
-            stop += b.len;
+        // The block starting at our end, whose end becomes ours.
+        let after = match self.by_addr.entry(stop) {
+            Entry::Occupied(e) if e.get().region == region => Some(e.remove().len),
+            _ => None,
+        };
+        if let Some(next_len) = after {
+            self.by_size.remove(&(next_len, stop, region));
+            stop += next_len;
+            *self
+                .by_end
+                .get_mut(&stop)
+                .expect("a free block has an end entry") = start;
+        } else {
+            self.by_end.insert(stop, start);
         }
-        self.insert(
-            start,
-            FreeBlock {
-                len: stop - start,
-                region,
-            },
-        );
+        let merged = FreeBlock {
+            len: stop - start,
+            region,
+        };
+        if before.is_some() {
+            *self
+                .by_addr
+                .get_mut(&start)
+                .expect("the block before is free") = merged;
+        } else {
+            self.by_addr.insert(start, merged);
+        }
+        self.by_size.insert((merged.len, start, region));
     }
 
     /// Number of free blocks.

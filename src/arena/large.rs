@@ -78,8 +78,8 @@ impl Inner {
     /// visit per mapped handle, so a range that is all mapped costs what its handles number.
     pub(super) fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
         let r = &self.regions[region as usize];
-        let first = ((addr - r.base) / self.page) as usize;
-        let last = ((addr + len - 1 - r.base) / self.page) as usize;
+        let first = self.page_of(addr - r.base) as usize;
+        let last = self.page_of(addr + len - 1 - r.base) as usize;
         let mut missing = 0;
         let mut p = first;
         while p <= last && missing < limit {

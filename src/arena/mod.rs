@@ -383,6 +383,9 @@ struct Inner {
     dev: Arc<dyn Device>,
     info: DeviceInfo,
     page: u64,
+    /// `log2(page)` where the page is a power of two (2 MiB on every CUDA GPU), else 0: a page
+    /// index is then a shift, not a 64-bit division, on the hot path (`page_of`).
+    page_shift: u32,
     vmm: bool,
     stitch: bool,
     release_idle: Option<Duration>,
@@ -484,6 +487,11 @@ impl Arena {
             info,
             dev,
             page,
+            page_shift: if page.is_power_of_two() {
+                page.trailing_zeros()
+            } else {
+                0
+            },
             stitch: conf.stitch,
             release_idle: (conf.release_idle_ms > 0)
                 .then(|| Duration::from_millis(conf.release_idle_ms)),

@@ -5,13 +5,23 @@
 use super::*;
 
 impl Inner {
+    /// The index of the page `offset` bytes into a region.
+    #[inline]
+    pub(super) fn page_of(&self, offset: u64) -> u64 {
+        if self.page_shift != 0 {
+            offset >> self.page_shift
+        } else {
+            offset / self.page
+        }
+    }
+
     /// First and last page index of `[addr, addr + len)` in `region`.
     #[inline]
     pub(super) fn pages_of(&self, region: u32, addr: u64, len: u64) -> (u32, u32) {
         let base = self.regions[region as usize].base;
         (
-            ((addr - base) / self.page) as u32,
-            ((addr + len - 1 - base) / self.page) as u32,
+            self.page_of(addr - base) as u32,
+            self.page_of(addr + len - 1 - base) as u32,
         )
     }
 
@@ -77,9 +87,7 @@ impl Inner {
         len: u64,
         anywhere: bool,
     ) -> std::result::Result<(), Miss> {
-        let base = self.regions[region as usize].base;
-        let first = ((addr - base) / self.page) as u32;
-        let last = ((addr + len - 1 - base) / self.page) as u32;
+        let (first, last) = self.pages_of(region, addr, len);
         self.count_range(region, addr, len, true);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
