@@ -4,30 +4,51 @@
 //! was given and merges neighbours on free. Each stream owns two heaps (slab spans, page-granular;
 //! large blocks, 512-byte granular), so a free range is reusable at once only by its own stream.
 //!
-//! Invariants: free blocks never overlap; two free blocks that touch in the same region are always
-//! merged; `by_size`, `by_addr` and `by_end` hold the same blocks. Every operation is O(log n)
-//! (one ordered set, by size; the address maps are hash maps).
-
-use std::collections::hash_map::Entry;
+//! Every range, free or handed out, is a node in its region's list, in address order (as
+//! PyTorch's blocks link to their neighbours in a segment). A caller keeps the node of what it
+//! was handed and frees by node, so a free finds the neighbours it merges with by following two
+//! links: no lookup by address. Free nodes are also in `by_size`, which gives the best fit.
+//!
+//! Invariants: a region's nodes tile it in address order; no two free nodes of a region are
+//! neighbours (they would have been merged); `by_size` holds exactly the free nodes. Every
+//! operation is O(1) apart from `by_size` (O(log n) at worst: [`SizeIndex`]).
 
 use super::IntMap;
 use super::size_index::SizeIndex;
 
-/// A free range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FreeBlock {
+/// No node (the end of a region's list).
+const NONE: u32 = u32::MAX;
+
+/// A range of a region, free or handed out.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    addr: u64,
     len: u64,
     region: u32,
+    /// The nodes before and after this one in the region (`NONE` at either end).
+    prev: u32,
+    next: u32,
+    free: bool,
+}
+
+/// A free range a request fits in: where it starts, its region, and its node (for `take`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fit {
+    pub addr: u64,
+    pub region: u32,
+    pub node: u32,
 }
 
 #[derive(Debug, Default)]
 pub struct Heap {
-    /// Free blocks by start address, and the start of each by its end: a free finds both
-    /// neighbours it may merge with in two hash lookups (boundary tags), no ordered search.
-    by_addr: IntMap<u64, FreeBlock>,
-    by_end: IntMap<u64, u64>,
-    /// `(len, addr, region)`: the first entry at or above a size is the best fit, lowest address
-    /// first (the region rides along so that a candidate needs no second lookup).
+    nodes: Vec<Node>,
+    /// Slots of `nodes` merged away, for reuse.
+    spare: Vec<u32>,
+    /// The first node of each region, by the region's base (a region's first node is never
+    /// merged into another: it has nothing before it).
+    firsts: IntMap<u64, u32>,
+    /// `(len, addr, node)` of every free node: the first entry at or above a size is the best
+    /// fit, lowest address first.
     by_size: SizeIndex,
 }
 
@@ -38,156 +59,181 @@ impl Heap {
 
     /// Add a whole region as free space.
     pub fn add_region(&mut self, base: u64, len: u64, region: u32) {
-        self.insert(base, FreeBlock { len, region });
-    }
-
-    /// Remove a region that is entirely free again (all of it one block). Returns false, and
-    /// changes nothing, if part of it is still allocated.
-    pub fn remove_region(&mut self, base: u64, len: u64) -> bool {
-        match self.by_addr.get(&base) {
-            Some(b) if b.len == len => {
-                self.remove(base);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Best fit: the smallest free block of at least `len` bytes, lowest address among equals.
-    /// Returns the address and region of the `len` bytes taken from its start.
-    pub fn alloc(&mut self, len: u64) -> Option<(u64, u32)> {
-        let (_, addr, _) = self.by_size.first_at_least(len)?;
-        Some((addr, self.take(addr, len)))
-    }
-
-    /// Calls `f` on the free blocks of at least `len` bytes, best fit first, `(addr, region)`,
-    /// until it returns false. For a caller that weighs more than size (the arena prefers blocks
-    /// whose pages are mapped).
-    pub fn each_fit(&self, len: u64, mut f: impl FnMut(u64, u32) -> bool) {
-        self.by_size
-            .each_at_least(len, |(_, addr, region)| f(addr, region));
-    }
-
-    /// Take `len` bytes from the start of the free block at `addr` (one `candidates` returned).
-    /// Returns its region.
-    pub fn take(&mut self, addr: u64, len: u64) -> u32 {
-        let block = self.by_addr.remove(&addr).expect("heap block exists");
-        assert!(
-            block.len >= len,
-            "taking {len} bytes from a free block of {}",
-            block.len
-        );
-        self.by_size.remove(&(block.len, addr, block.region));
-        let end = addr + block.len;
-        if block.len > len {
-            // The rest keeps the block's end: its `by_end` entry is updated in place.
-            let rest = FreeBlock {
-                len: block.len - len,
-                region: block.region,
-            };
-            self.by_addr.insert(addr + len, rest);
-            self.by_end.insert(end, addr + len);
-            self.by_size.insert((rest.len, addr + len, rest.region));
-        } else {
-            self.by_end.remove(&end);
-        }
-        block.region
-    }
-
-    /// Give back `[addr, addr + len)` of `region`, merging with free neighbours in that region.
-    /// A block merged into the one before it keeps that block's start entry (its length
-    /// rewritten); one merged with the block after it takes over that block's end entry.
-    pub fn free(&mut self, addr: u64, len: u64, region: u32) {
-        let mut start = addr;
-        let mut stop = addr + len;
-        // The block ending at `addr`, whose start becomes ours.
-        let before = match self.by_end.get(&addr) {
-            Some(&prev) => match self.by_addr.get(&prev) {
-                Some(b) if b.region == region => Some((prev, b.len)),
-                _ => None,
-            },
-            None => None,
-        };
-        if let Some((prev, prev_len)) = before {
-            self.by_end.remove(&addr);
-            self.by_size.remove(&(prev_len, prev, region));
-            start = prev;
-        }
-        // The block starting at our end, whose end becomes ours.
-        let after = match self.by_addr.entry(stop) {
-            Entry::Occupied(e) if e.get().region == region => Some(e.remove().len),
-            _ => None,
-        };
-        if let Some(next_len) = after {
-            self.by_size.remove(&(next_len, stop, region));
-            stop += next_len;
-            *self
-                .by_end
-                .get_mut(&stop)
-                .expect("a free block has an end entry") = start;
-        } else {
-            self.by_end.insert(stop, start);
-        }
-        let merged = FreeBlock {
-            len: stop - start,
+        let n = self.new_node(Node {
+            addr: base,
+            len,
             region,
-        };
-        if before.is_some() {
-            *self
-                .by_addr
-                .get_mut(&start)
-                .expect("the block before is free") = merged;
-        } else {
-            self.by_addr.insert(start, merged);
-        }
-        self.by_size.insert((merged.len, start, region));
+            prev: NONE,
+            next: NONE,
+            free: true,
+        });
+        self.firsts.insert(base, n);
+        self.by_size.insert((len, base, n));
     }
 
-    /// Number of free blocks.
+    /// Remove a region that is entirely free again (all of it one node). Returns false, and
+    /// changes nothing, if part of it is still handed out.
+    pub fn remove_region(&mut self, base: u64, len: u64) -> bool {
+        let Some(&n) = self.firsts.get(&base) else {
+            return false;
+        };
+        let node = self.nodes[n as usize];
+        if !node.free || node.len != len {
+            return false;
+        }
+        debug_assert!(node.next == NONE);
+        self.by_size.remove(&(len, base, n));
+        self.firsts.remove(&base);
+        self.spare.push(n);
+        true
+    }
+
+    /// Best fit: the smallest free range of at least `len` bytes, lowest address among equals.
+    /// Takes `len` bytes from its start and returns them, their node the one to free them by.
+    pub fn alloc(&mut self, len: u64) -> Option<Fit> {
+        let (_, addr, node) = self.by_size.first_at_least(len)?;
+        let region = self.take(node, len);
+        Some(Fit { addr, region, node })
+    }
+
+    /// Calls `f` on the free ranges of at least `len` bytes, best fit first, until it returns
+    /// false. For a caller that weighs more than size (the arena prefers ranges whose pages are
+    /// mapped); it then `take`s the one it chose.
+    pub fn each_fit(&self, len: u64, mut f: impl FnMut(Fit) -> bool) {
+        self.by_size.each_at_least(len, |(_, addr, node)| {
+            f(Fit {
+                addr,
+                region: self.nodes[node as usize].region,
+                node,
+            })
+        });
+    }
+
+    /// Take `len` bytes from the start of free node `n` (one `each_fit` offered): `n` becomes
+    /// those bytes, handed out, and what is left of it a new free node after it. Returns the
+    /// region.
+    pub fn take(&mut self, n: u32, len: u64) -> u32 {
+        let node = self.nodes[n as usize];
+        assert!(
+            node.free && node.len >= len,
+            "taking {len} bytes from a node of {} that is {}",
+            node.len,
+            if node.free { "free" } else { "handed out" }
+        );
+        self.by_size.remove(&(node.len, node.addr, n));
+        if node.len > len {
+            let rest = self.new_node(Node {
+                addr: node.addr + len,
+                len: node.len - len,
+                region: node.region,
+                prev: n,
+                next: node.next,
+                free: true,
+            });
+            if node.next != NONE {
+                self.nodes[node.next as usize].prev = rest;
+            }
+            self.nodes[n as usize].next = rest;
+            self.nodes[n as usize].len = len;
+            self.by_size.insert((node.len - len, node.addr + len, rest));
+        }
+        self.nodes[n as usize].free = false;
+        node.region
+    }
+
+    /// Give back node `n` (what `alloc` or `take` handed out), merging it with free neighbours.
+    /// The node before it absorbs it if free, and it absorbs the node after it if free.
+    pub fn free(&mut self, n: u32) {
+        let node = self.nodes[n as usize];
+        assert!(!node.free, "node {n} at {:#x} freed twice", node.addr);
+        let mut keep = n;
+        let mut merged = Node { free: true, ..node };
+        if node.prev != NONE && self.nodes[node.prev as usize].free {
+            let prev = self.nodes[node.prev as usize];
+            self.by_size.remove(&(prev.len, prev.addr, node.prev));
+            merged.addr = prev.addr;
+            merged.len += prev.len;
+            merged.prev = prev.prev;
+            self.spare.push(n);
+            keep = node.prev;
+        }
+        if node.next != NONE && self.nodes[node.next as usize].free {
+            let next = self.nodes[node.next as usize];
+            self.by_size.remove(&(next.len, next.addr, node.next));
+            merged.len += next.len;
+            merged.next = next.next;
+            self.spare.push(node.next);
+        }
+        if merged.next != NONE {
+            self.nodes[merged.next as usize].prev = keep;
+        }
+        self.nodes[keep as usize] = merged;
+        self.by_size.insert((merged.len, merged.addr, keep));
+    }
+
+    /// Number of free ranges.
     #[cfg(test)]
     pub fn free_blocks(&self) -> usize {
-        self.by_addr.len()
+        self.by_size.len()
     }
 
-    /// The module's invariants: the three indexes hold the same blocks, and no two free blocks
-    /// of one region touch (they would have been merged).
+    /// The module's invariants: each region's nodes tile it in address order, linked both ways,
+    /// no two free nodes are neighbours, and `by_size` holds exactly the free nodes.
     #[cfg(test)]
     pub fn check(&self) -> Result<(), String> {
-        if self.by_end.len() != self.by_addr.len() || self.by_size.len() != self.by_addr.len() {
-            return Err(format!(
-                "{} by address, {} by end, {} by size",
-                self.by_addr.len(),
-                self.by_end.len(),
-                self.by_size.len()
-            ));
+        let mut free = 0;
+        let mut seen = 0;
+        for (&base, &first) in &self.firsts {
+            let mut n = first;
+            let mut prev = NONE;
+            let mut at = base;
+            while n != NONE {
+                let node = self.nodes[n as usize];
+                if node.prev != prev || node.addr != at {
+                    return Err(format!(
+                        "node {n} at {:#x}: expected {at:#x} after {prev}",
+                        node.addr
+                    ));
+                }
+                if node.free {
+                    free += 1;
+                    if !self.by_size.contains(&(node.len, node.addr, n)) {
+                        return Err(format!("free node {n} at {at:#x} has no size entry"));
+                    }
+                    if prev != NONE && self.nodes[prev as usize].free {
+                        return Err(format!("free nodes {prev} and {n} at {at:#x} not merged"));
+                    }
+                }
+                at += node.len;
+                prev = n;
+                n = node.next;
+                seen += 1;
+            }
         }
-        for (&addr, b) in &self.by_addr {
-            if self.by_end.get(&(addr + b.len)) != Some(&addr) {
-                return Err(format!("block {addr:#x}+{:#x} has no end entry", b.len));
-            }
-            if !self.by_size.contains(&(b.len, addr, b.region)) {
-                return Err(format!("block {addr:#x}+{:#x} has no size entry", b.len));
-            }
-            if let Some(next) = self.by_addr.get(&(addr + b.len))
-                && next.region == b.region
-            {
-                return Err(format!("blocks at {addr:#x} and after it were not merged"));
-            }
+        if free != self.by_size.len() {
+            return Err(format!("{free} free nodes, {} by size", self.by_size.len()));
+        }
+        if seen + self.spare.len() != self.nodes.len() {
+            return Err(format!(
+                "{seen} linked nodes and {} spare of {}",
+                self.spare.len(),
+                self.nodes.len()
+            ));
         }
         Ok(())
     }
 
-    fn insert(&mut self, addr: u64, b: FreeBlock) {
-        self.by_addr.insert(addr, b);
-        self.by_end.insert(addr + b.len, addr);
-        self.by_size.insert((b.len, addr, b.region));
-    }
-
-    fn remove(&mut self, addr: u64) -> FreeBlock {
-        let b = self.by_addr.remove(&addr).expect("heap block exists");
-        self.by_end.remove(&(addr + b.len));
-        self.by_size.remove(&(b.len, addr, b.region));
-        b
+    fn new_node(&mut self, node: Node) -> u32 {
+        match self.spare.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = node;
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 heap nodes")
+            }
+        }
     }
 }
 
@@ -208,7 +254,7 @@ mod tests {
             h.add_region(0, 64, 0);
             h.add_region(64, 64, 1);
             let mut taken = [false; 128];
-            let mut live: Vec<(u64, u64, u32)> = Vec::new();
+            let mut live: Vec<(Fit, u64)> = Vec::new();
             for (alloc, len, pick) in ops {
                 if alloc || live.is_empty() {
                     // The best fit the model sees: the smallest free run (within one region)
@@ -231,19 +277,19 @@ mod tests {
                         i = j;
                     }
                     let got = h.alloc(len);
-                    prop_assert_eq!(got.map(|g| g.0), best.map(|b| b.1));
-                    if let Some((addr, region)) = got {
-                        prop_assert_eq!(u64::from(region), addr / 64);
-                        for u in addr..addr + len {
+                    prop_assert_eq!(got.map(|g| g.addr), best.map(|b| b.1));
+                    if let Some(fit) = got {
+                        prop_assert_eq!(u64::from(fit.region), fit.addr / 64);
+                        for u in fit.addr..fit.addr + len {
                             prop_assert!(!taken[u as usize], "unit {} handed out twice", u);
                             taken[u as usize] = true;
                         }
-                        live.push((addr, len, region));
+                        live.push((fit, len));
                     }
                 } else {
-                    let (addr, len, region) = live.swap_remove(pick.index(live.len()));
-                    h.free(addr, len, region);
-                    for u in addr..addr + len {
+                    let (fit, len) = live.swap_remove(pick.index(live.len()));
+                    h.free(fit.node);
+                    for u in fit.addr..fit.addr + len {
                         taken[u as usize] = false;
                     }
                 }
@@ -251,29 +297,43 @@ mod tests {
                     return Err(TestCaseError::fail(e));
                 }
             }
-            for (addr, len, region) in live {
-                h.free(addr, len, region);
+            for (fit, _) in live {
+                h.free(fit.node);
             }
+            prop_assert!(h.check().is_ok());
             prop_assert_eq!(h.free_blocks(), 2);
             prop_assert!(h.remove_region(0, 64) && h.remove_region(64, 64));
         }
     }
 
     #[test]
+    #[should_panic(expected = "freed twice")]
+    fn a_node_freed_twice_is_caught() {
+        let mut h = Heap::new();
+        h.add_region(0, 100, 0);
+        let a = h.alloc(10).unwrap();
+        let _b = h.alloc(10).unwrap();
+        h.free(a.node);
+        h.free(a.node);
+    }
+
+    #[test]
     fn best_fit_and_coalescing() {
         let mut h = Heap::new();
         h.add_region(0, 100, 0);
-        let a = h.alloc(10).unwrap().0;
-        let b = h.alloc(20).unwrap().0;
-        let c = h.alloc(30).unwrap().0;
-        assert_eq!((a, b, c), (0, 10, 30));
-        h.free(b, 20, 0);
+        let a = h.alloc(10).unwrap();
+        let b = h.alloc(20).unwrap();
+        let c = h.alloc(30).unwrap();
+        assert_eq!((a.addr, b.addr, c.addr), (0, 10, 30));
+        h.free(b.node);
         // A 15-byte request takes the 20-byte hole, not the 40-byte tail.
-        assert_eq!(h.alloc(15).unwrap().0, 10);
-        h.free(10, 15, 0);
-        h.free(a, 10, 0);
-        h.free(c, 30, 0);
+        let d = h.alloc(15).unwrap();
+        assert_eq!(d.addr, 10);
+        h.free(d.node);
+        h.free(a.node);
+        h.free(c.node);
         assert_eq!(h.free_blocks(), 1);
+        h.check().unwrap();
         assert!(h.remove_region(0, 100));
     }
 
@@ -284,8 +344,12 @@ mod tests {
         h.add_region(50, 50, 1);
         assert_eq!(h.free_blocks(), 2);
         assert!(h.alloc(60).is_none());
-        let (a, r) = h.alloc(50).unwrap();
-        h.free(a, 50, r);
+        let a = h.alloc(50).unwrap();
+        h.free(a.node);
         assert_eq!(h.free_blocks(), 2);
+        h.check().unwrap();
+        assert!(!h.remove_region(0, 40), "a region is removed only whole");
+        assert!(h.remove_region(0, 50) && h.remove_region(50, 50));
+        assert_eq!(h.free_blocks(), 0);
     }
 }

@@ -11,9 +11,9 @@ impl Inner {
         anywhere: bool,
     ) -> std::result::Result<(DevPtr, u64), Miss> {
         let len = round_up(size, MIN_BLOCK);
-        let (addr, region) = self.take_va(s, Pool::Large, len)?;
+        let Fit { addr, region, node } = self.take_va(s, Pool::Large, len)?;
         if let Err(e) = self.use_range(region, addr, len, anywhere) {
-            self.streams[s as usize].large.free(addr, len, region);
+            self.streams[s as usize].large.free(node);
             return Err(e);
         }
         self.large.insert(
@@ -23,6 +23,7 @@ impl Inner {
                 requested: size,
                 stream: s,
                 region,
+                node,
                 pending: false,
             },
         );
@@ -37,7 +38,7 @@ impl Inner {
         s: u32,
         pool: Pool,
         len: u64,
-    ) -> std::result::Result<(u64, u32), Miss> {
+    ) -> std::result::Result<Fit, Miss> {
         let hit = if pool == Pool::Large && self.vmm {
             self.place_large(s, len)
         } else {
@@ -55,23 +56,21 @@ impl Inner {
 
     /// A large block for stream `s`: among the best fits by size, the one whose range needs the
     /// fewest pages mapped (a freed block of the same size needs none).
-    pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<(u64, u32)> {
-        let mut best: Option<(u64, u64, u32)> = None;
+    pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<Fit> {
+        let mut best: Option<(u64, Fit)> = None;
         let mut seen = 0;
-        self.streams[s as usize]
-            .large
-            .each_fit(len, |addr, region| {
-                let limit = best.map_or(u64::MAX, |b| b.0);
-                let missing = self.unmapped_pages(region, addr, len, limit);
-                if missing < limit {
-                    best = Some((missing, addr, region));
-                }
-                seen += 1;
-                missing > 0 && seen < PLACEMENT_CANDIDATES
-            });
-        let (_, addr, region) = best?;
-        self.streams[s as usize].large.take(addr, len);
-        Some((addr, region))
+        self.streams[s as usize].large.each_fit(len, |fit| {
+            let limit = best.map_or(u64::MAX, |b| b.0);
+            let missing = self.unmapped_pages(fit.region, fit.addr, len, limit);
+            if missing < limit {
+                best = Some((missing, fit));
+            }
+            seen += 1;
+            missing > 0 && seen < PLACEMENT_CANDIDATES
+        });
+        let (_, fit) = best?;
+        self.streams[s as usize].large.take(fit.node, len);
+        Some(fit)
     }
 
     /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`. One
@@ -105,9 +104,7 @@ impl Inner {
     pub(super) fn finish_large(&mut self, ptr: u64) {
         let block = self.large.remove(&ptr).expect("live block");
         self.count_range(block.region, ptr, block.len, false);
-        self.streams[block.stream as usize]
-            .large
-            .free(ptr, block.len, block.region);
+        self.streams[block.stream as usize].large.free(block.node);
         self.stats.active.decrease(Pool::Large, 1);
         self.stats
             .active_bytes

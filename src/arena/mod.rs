@@ -26,8 +26,8 @@
 //! - `pool.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
 //!   what the arena must not do while a stream is captured;
 //! - `accounting.rs`: derived statistics and summary extras; `check.rs`: consistency checks;
-//! - `heap.rs`, `slab.rs`, `size_class.rs`, `layout.rs`, `report.rs`: the data structures and
-//!   reports those use.
+//! - `heap.rs` (with its `size_index.rs`), `slab.rs`, `size_class.rs`, `layout.rs`: the data
+//!   structures and the layout report those use (the other reports are `stats::report`'s).
 //!
 //! Invariants (each has a test):
 //! 1. No two live allocations overlap; every live allocation lies in pages that stay mapped.
@@ -69,7 +69,7 @@ use crate::config::Config;
 use crate::device::{DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, StreamId};
 use crate::error::{Error, PointerFault, Result};
 use crate::stats::{DeviceStats, Pool};
-use heap::Heap;
+use heap::{Fit, Heap};
 use slab::Slab;
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
@@ -151,6 +151,8 @@ struct LargeBlock {
     requested: u64,
     stream: u32,
     region: u32,
+    /// Its node in its stream's large heap (what finishing its free gives back).
+    node: u32,
     /// Freed by the client, waiting for events on the streams it was used on.
     pending: bool,
 }

@@ -5,6 +5,8 @@
 //! so the first free slot is found in two `trailing_zeros`, and the requested size of each live
 //! slot (for `requested_bytes` and to catch size mismatches on free).
 
+use super::heap::Fit;
+
 /// Slots per summary bit: one bitmap word.
 const WORD: usize = 64;
 
@@ -18,6 +20,8 @@ pub struct Slab {
     /// Region of the slab, and its length in bytes (a multiple of the chunk).
     pub region: u32,
     pub span: u64,
+    /// Its node in its stream's small heap (what dissolving it frees).
+    pub node: u32,
     pub slot_size: u64,
     pub slots: u32,
     pub used: u32,
@@ -33,15 +37,13 @@ pub struct Slab {
 }
 
 impl Slab {
-    pub fn new(
-        base: u64,
-        class: u16,
-        slot_size: u64,
-        slots: u32,
-        stream: u32,
-        region: u32,
-        span: u64,
-    ) -> Slab {
+    /// A slab of `slots` slots of `slot_size` bytes over `span` bytes at `at`.
+    pub fn new(at: Fit, span: u64, class: u16, slot_size: u64, slots: u32, stream: u32) -> Slab {
+        let Fit {
+            addr: base,
+            region,
+            node,
+        } = at;
         let words = (slots as usize).div_ceil(WORD);
         assert!(words <= 64, "a slab has at most 4096 slots");
         let mut free = vec![u64::MAX; words];
@@ -60,6 +62,7 @@ impl Slab {
             stream,
             region,
             span,
+            node,
             slot_size,
             slots,
             used: 0,
@@ -134,9 +137,17 @@ impl Slab {
 mod tests {
     use super::*;
 
+    fn fit(addr: u64) -> Fit {
+        Fit {
+            addr,
+            region: 0,
+            node: 0,
+        }
+    }
+
     #[test]
     fn take_and_give_back_every_slot() {
-        let mut s = Slab::new(1 << 21, 0, 512, 4096, 0, 0, 2 << 20);
+        let mut s = Slab::new(fit(1 << 21), 2 << 20, 0, 512, 4096, 0);
         let mut seen = std::collections::HashSet::new();
         for i in 0..4096 {
             let p = s.take(100 + i);
@@ -153,7 +164,7 @@ mod tests {
 
     #[test]
     fn odd_slot_counts_never_hand_out_past_the_end() {
-        let mut s = Slab::new(0, 0, 2304, 910, 0, 0, 2 << 20);
+        let mut s = Slab::new(fit(0), 2 << 20, 0, 2304, 910, 0);
         for _ in 0..910 {
             let p = s.take(1);
             assert!(p + 2304 <= 910 * 2304);

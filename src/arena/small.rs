@@ -80,7 +80,8 @@ impl Inner {
     ) -> std::result::Result<u32, Miss> {
         let class = *self.classes.get(ci);
         let span = class.span;
-        let (addr, region) = self.take_va(s, Pool::Small, span)?;
+        let at = self.take_va(s, Pool::Small, span)?;
+        let (addr, region) = (at.addr, at.region);
         let (first, last) = self.pages_of(region, addr, span);
         // Count the pages as used first, so that backing them cannot reclaim one of them. Pages
         // shared with live slabs are mapped already and just gain a user.
@@ -91,10 +92,10 @@ impl Inner {
             for p in first..=last {
                 self.page_user_removed(region, p);
             }
-            self.streams[s as usize].small.free(addr, span, region);
+            self.streams[s as usize].small.free(at.node);
             return Err(e);
         }
-        let slab = Slab::new(addr, ci as u16, class.size, class.slots, s, region, span);
+        let slab = Slab::new(at, span, ci as u16, class.size, class.slots, s);
         let id = match self.free_slab_ids.pop() {
             Some(id) => {
                 self.slabs[id as usize] = slab;
@@ -122,7 +123,8 @@ impl Inner {
     pub(super) fn dissolve_slab(&mut self, id: u32) {
         let slab = &self.slabs[id as usize];
         debug_assert!(slab.is_empty() && slab.bucket.is_none());
-        let (region, base, span, s) = (slab.region, slab.base, slab.span, slab.stream);
+        let (region, base, span, s, node) =
+            (slab.region, slab.base, slab.span, slab.stream, slab.node);
         let r = &mut self.regions[region as usize];
         let c0 = ((base - r.base) / CHUNK) as usize;
         r.chunks[c0..c0 + (span / CHUNK) as usize].fill(NO_SLAB);
@@ -130,7 +132,7 @@ impl Inner {
         for p in first..=last {
             self.page_user_removed(region, p);
         }
-        self.streams[s as usize].small.free(base, span, region);
+        self.streams[s as usize].small.free(node);
         self.slabs[id as usize].slots = 0;
         self.free_slab_ids.push(id);
     }
