@@ -87,8 +87,10 @@ impl Inner {
         len: u64,
         anywhere: bool,
     ) -> std::result::Result<(), Miss> {
+        if self.count_range(region, addr, len, true) {
+            return Ok(()); // every page mapped already: the usual case, a freed block reused
+        }
         let (first, last) = self.pages_of(region, addr, len);
-        self.count_range(region, addr, len, true);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
         // what the ramp allows. Larger ones map what they need.
@@ -108,39 +110,53 @@ impl Inner {
     /// the range's first and last page can be shared with other blocks, so only they keep a
     /// count of users and covered bytes; the pages between belong to this range alone and are
     /// counted in bulk, handle by handle (`count_interior`): the cost is independent of the
-    /// block's size.
-    pub(super) fn count_range(&mut self, region: u32, addr: u64, len: u64, add: bool) {
+    /// block's size. Returns whether every page of the range is mapped.
+    pub(super) fn count_range(&mut self, region: u32, addr: u64, len: u64, add: bool) -> bool {
         let (first, last) = self.pages_of(region, addr, len);
-        self.count_boundary(region, first, addr, len, add);
+        let mut mapped = self.count_boundary(region, first, addr, len, add);
         if last != first {
-            self.count_boundary(region, last, addr, len, add);
+            mapped &= self.count_boundary(region, last, addr, len, add);
         }
         if last > first + 1 {
-            self.count_interior(region, first + 1, last - 1, add);
+            mapped &= self.count_interior(region, first + 1, last - 1, add);
         }
+        mapped
     }
 
     /// One user more (or less) of page `p`, which `[addr, addr + len)` may cover in part.
-    fn count_boundary(&mut self, region: u32, p: u32, addr: u64, len: u64, add: bool) {
-        let start = self.regions[region as usize].base + p as u64 * self.page;
-        let overlap = (addr + len).min(start + self.page) - addr.max(start);
-        let was = self.page_is_partial(region, p);
-        let slot = &mut self.regions[region as usize].pages[p as usize];
+    /// Returns whether the page is mapped.
+    fn count_boundary(&mut self, region: u32, p: u32, addr: u64, len: u64, add: bool) -> bool {
+        let page = self.page;
+        let r = &mut self.regions[region as usize];
+        let start = r.base + p as u64 * page;
+        let overlap = (addr + len).min(start + page) - addr.max(start);
+        let slot = &mut r.pages[p as usize];
+        // Partial: holding live data and free bytes, free space no one else can use.
+        let was = slot.users > 0 && slot.covered < page;
         if add {
             slot.covered += overlap;
-            self.page_user_added(region, p);
+            slot.users += 1;
         } else {
             slot.covered -= overlap;
-            self.page_user_removed(region, p);
+            slot.users -= 1;
         }
-        self.partial_pages += self.page_is_partial(region, p) as i64 - was as i64;
+        let (users, now) = (slot.users, slot.users > 0 && slot.covered < page);
+        let mapped = slot.phys.is_some();
+        self.partial_pages += now as i64 - was as i64;
+        match (add, users) {
+            (true, 1) => self.page_now_used(region, p),
+            (false, 0) => self.page_now_unused(region, p),
+            _ => {}
+        }
+        mapped
     }
 
     /// Pages `a..=b` of `region` start (or stop) being used by the one block covering them
     /// whole: no per-page count is kept for them (a page is in use when it has users or lies
     /// inside a live block), only the region's and the handles' counts change, one visit per
-    /// mapped handle (unmapped pages, met only before a miss maps them, one by one).
-    fn count_interior(&mut self, region: u32, a: u32, b: u32, add: bool) {
+    /// mapped handle (unmapped pages, met only before a miss maps them, one by one). Returns
+    /// whether every page of `a..=b` is mapped.
+    fn count_interior(&mut self, region: u32, a: u32, b: u32, add: bool) -> bool {
         let n = b - a + 1;
         let r = &mut self.regions[region as usize];
         let (pool, stream) = (r.pool, r.stream);
@@ -152,10 +168,12 @@ impl Inner {
             self.in_use_pages[pool as usize] -= n as u64;
         }
         let pinned = self.streams[stream as usize].pinned;
+        let mut mapped = true;
         let mut p = a;
         while p <= b {
             let slot = self.regions[region as usize].pages[p as usize];
             if slot.phys.is_none() {
+                mapped = false;
                 p += 1;
                 continue;
             }
@@ -179,6 +197,7 @@ impl Inner {
             }
             p = end + 1;
         }
+        mapped
     }
 
     /// Map physical memory under every page of `first..first+n` of `region` that has none: each
@@ -555,29 +574,28 @@ impl Inner {
         Ok(done && stamp <= st.safe_seq)
     }
 
-    /// A page holding live data and free bytes: free space no one else can use.
-    #[inline]
-    pub(super) fn page_is_partial(&self, region: u32, p: u32) -> bool {
-        let slot = &self.regions[region as usize].pages[p as usize];
-        slot.users > 0 && slot.covered < self.page
-    }
-
     /// One more user of a page. A handle whose first page in use this is leaves the idle list.
     pub(super) fn page_user_added(&mut self, region: u32, p: u32) {
-        let r = &mut self.regions[region as usize];
-        let slot = &mut r.pages[p as usize];
+        let slot = &mut self.regions[region as usize].pages[p as usize];
         slot.users += 1;
         if slot.users == 1 {
-            r.in_use += 1;
-            self.in_use_pages[r.pool as usize] += 1;
-            if slot.phys.is_some() {
-                let head = p - slot.hoff as u32;
-                let h = &mut r.pages[head as usize];
-                h.busy += 1;
-                // (A pinned pool's unused handle is not on the idle list: pool.rs.)
-                if h.busy == 1 && h.idle_stamp != 0 {
-                    self.idle_unlink(PageRef { region, page: head });
-                }
+            self.page_now_used(region, p);
+        }
+    }
+
+    /// Page `p` has just gained its first user.
+    fn page_now_used(&mut self, region: u32, p: u32) {
+        let r = &mut self.regions[region as usize];
+        r.in_use += 1;
+        self.in_use_pages[r.pool as usize] += 1;
+        let slot = &r.pages[p as usize];
+        if slot.phys.is_some() {
+            let head = p - slot.hoff as u32;
+            let h = &mut r.pages[head as usize];
+            h.busy += 1;
+            // (A pinned pool's unused handle is not on the idle list: pool.rs.)
+            if h.busy == 1 && h.idle_stamp != 0 {
+                self.idle_unlink(PageRef { region, page: head });
             }
         }
     }
@@ -585,21 +603,26 @@ impl Inner {
     /// One user less. A mapped handle none of whose pages is used joins the idle list (newest
     /// last).
     pub(super) fn page_user_removed(&mut self, region: u32, p: u32) {
-        let r = &mut self.regions[region as usize];
-        let slot = &mut r.pages[p as usize];
+        let slot = &mut self.regions[region as usize].pages[p as usize];
         slot.users -= 1;
         if slot.users == 0 {
-            r.in_use -= 1;
-            self.in_use_pages[r.pool as usize] -= 1;
-            if slot.phys.is_some() {
-                let head = p - slot.hoff as u32;
-                let h = &mut r.pages[head as usize];
-                h.busy -= 1;
-                // A pinned pool's handles stay off the idle list: nothing may take them
-                // (pool.rs).
-                if h.busy == 0 && !self.streams[r.stream as usize].pinned {
-                    self.idle_push(PageRef { region, page: head });
-                }
+            self.page_now_unused(region, p);
+        }
+    }
+
+    /// Page `p` has just lost its last user.
+    fn page_now_unused(&mut self, region: u32, p: u32) {
+        let r = &mut self.regions[region as usize];
+        r.in_use -= 1;
+        self.in_use_pages[r.pool as usize] -= 1;
+        let slot = &r.pages[p as usize];
+        if slot.phys.is_some() {
+            let head = p - slot.hoff as u32;
+            let h = &mut r.pages[head as usize];
+            h.busy -= 1;
+            // A pinned pool's handles stay off the idle list: nothing may take them (pool.rs).
+            if h.busy == 0 && !self.streams[r.stream as usize].pinned {
+                self.idle_push(PageRef { region, page: head });
             }
         }
     }
