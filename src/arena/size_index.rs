@@ -1,4 +1,4 @@
-//! The free blocks of a [`Heap`](super::heap::Heap) ordered by `(len, addr, region)`: exact best
+//! The free blocks of a [`Heap`](super::heap::Heap) ordered by `(len, addr, node)`: exact best
 //! fit without an ordered search over all of them.
 //!
 //! Blocks fall into bins by length, 32 per power of two (as TLSF maps sizes to its second-level
@@ -12,7 +12,8 @@
 
 use std::collections::BTreeSet;
 
-/// `(len, addr, region)`, compared in that order.
+/// `(len, addr, node)`, compared in that order (a free block's address is unique: the node only
+/// rides along).
 pub type Key = (u64, u64, u32);
 
 /// Bins per power of two, as a shift.
