@@ -14,6 +14,7 @@ pub mod error;
 pub mod json;
 pub mod log;
 pub mod resource;
+mod slots;
 pub mod stats;
 pub mod trace;
 pub mod track;

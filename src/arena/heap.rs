@@ -224,16 +224,7 @@ impl Heap {
     }
 
     fn new_node(&mut self, node: Node) -> u32 {
-        match self.spare.pop() {
-            Some(n) => {
-                self.nodes[n as usize] = node;
-                n
-            }
-            None => {
-                self.nodes.push(node);
-                u32::try_from(self.nodes.len() - 1).expect("fewer than 2^32 heap nodes")
-            }
-        }
+        crate::slots::reuse_or_push(&mut self.nodes, &mut self.spare, node)
     }
 }
 

@@ -60,16 +60,7 @@ impl Inner {
             in_use: 0,
             live: true,
         };
-        let id = match self.free_regions.pop() {
-            Some(id) => {
-                self.regions[id as usize] = region;
-                id
-            }
-            None => {
-                self.regions.push(region);
-                (self.regions.len() - 1) as u32
-            }
-        };
+        let id = crate::slots::reuse_or_push(&mut self.regions, &mut self.free_regions, region);
         self.streams[s as usize].regions.push(id);
         let at = self.region_by_addr.partition_point(|&(b, _)| b < base);
         self.region_by_addr.insert(at, (base, id));

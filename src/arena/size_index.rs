@@ -46,13 +46,6 @@ impl Bin {
         }
     }
 
-    fn first_at_least(&self, from: Key) -> Option<Key> {
-        match self {
-            Bin::Few(v) => v.get(v.partition_point(|k| *k < from)).copied(),
-            Bin::Many(s) => s.range(from..).next().copied(),
-        }
-    }
-
     /// Calls `f` on this bin's keys from `from` on, in order, while it returns true; returns
     /// false if `f` did.
     fn each_from(&self, from: Key, f: &mut impl FnMut(Key) -> bool) -> bool {
@@ -176,15 +169,12 @@ impl SizeIndex {
     /// The first key at or above `(len, 0, 0)`: the smallest length of at least `len`, lowest
     /// address among equals.
     pub fn first_at_least(&self, len: u64) -> Option<Key> {
-        let from = (len, 0, 0);
-        let b = bin_of(len);
-        if self.has(b)
-            && let Some(k) = self.bins[b].first_at_least(from)
-        {
-            return Some(k);
-        }
-        let next = self.next_bin(b + 1)?;
-        self.bins[next].first_at_least(from)
+        let mut first = None;
+        self.each_at_least(len, |k| {
+            first = Some(k);
+            false
+        });
+        first
     }
 
     /// Calls `f` on the keys at or above `(len, 0, 0)`, in order, until it returns false.

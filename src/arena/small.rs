@@ -96,16 +96,7 @@ impl Inner {
             return Err(e);
         }
         let slab = Slab::new(at, span, ci as u16, class.size, class.slots, s);
-        let id = match self.free_slab_ids.pop() {
-            Some(id) => {
-                self.slabs[id as usize] = slab;
-                id
-            }
-            None => {
-                self.slabs.push(slab);
-                (self.slabs.len() - 1) as u32
-            }
-        };
+        let id = crate::slots::reuse_or_push(&mut self.slabs, &mut self.free_slab_ids, slab);
         let r = &mut self.regions[region as usize];
         let c0 = ((addr - r.base) / CHUNK) as usize;
         let c1 = c0 + (span / CHUNK) as usize;

@@ -221,16 +221,7 @@ impl<'a> Native<'a> {
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
-        match self.spare.pop() {
-            Some(i) => {
-                self.blocks[i as usize] = b;
-                i
-            }
-            None => {
-                self.blocks.push(b);
-                (self.blocks.len() - 1) as u32
-            }
-        }
+        crate::slots::reuse_or_push(&mut self.blocks, &mut self.spare, b)
     }
 
     fn key(&self, i: u32) -> (u64, u64, u64, u32) {
