@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod json;
 pub mod log;
+mod ptr_table;
 pub mod resource;
 mod slots;
 pub mod stats;

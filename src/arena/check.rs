@@ -9,7 +9,7 @@ impl Inner {
         // pages.
         let mut users: HashMap<(u32, u32), u32> = HashMap::new();
         let mut interior: std::collections::HashSet<(u32, u32)> = Default::default();
-        for (&addr, b) in &self.large {
+        for (addr, b) in self.large.iter() {
             let (first, last) = self.pages_of(b.region, addr, b.len);
             *users.entry((b.region, first)).or_default() += 1;
             if last != first {
@@ -74,7 +74,7 @@ impl Inner {
                 self.check_handles(ri, &interior)?;
             }
         }
-        for b in self.large.values().filter(|b| !b.pending) {
+        for (_, b) in self.large.iter().filter(|(_, b)| !b.pending) {
             allocated[2] += b.len as i64;
             requested[2] += b.requested as i64;
         }

@@ -30,7 +30,7 @@ impl Inner {
                 )
             }
             Pool::Large => {
-                let b = self.large.get(&ptr).ok_or_else(|| self.not_live(ptr))?;
+                let b = self.large.get(ptr).ok_or_else(|| self.not_live(ptr))?;
                 (Found::Large, b.requested, b.len)
             }
         };
@@ -95,7 +95,7 @@ impl Inner {
             self.finish_free(ptr, found);
         } else {
             if matches!(found, Found::Large) {
-                self.large.get_mut(&ptr).expect("live").pending = true;
+                self.large.get_mut(ptr).expect("live").pending = true;
             }
             self.pending_ptrs.insert(ptr, ());
             self.pending.push_back(Pending {
@@ -181,7 +181,7 @@ impl Inner {
             Pool::Small => self
                 .small_slot(region, ptr)
                 .map(|(id, slot)| Found::Small { id, slot }),
-            Pool::Large => self.large.contains_key(&ptr).then_some(Found::Large),
+            Pool::Large => self.large.get(ptr).is_some().then_some(Found::Large),
         }
     }
 
@@ -215,20 +215,20 @@ impl Inner {
             }
             Pool::Large => {
                 // Exact first (what PyTorch passes); an interior pointer scans the live blocks.
-                if let Some(b) = self.large.get(&ptr) {
+                if let Some(b) = self.large.get(ptr) {
                     return Some((ptr, b.stream));
                 }
                 self.large
                     .iter()
-                    .find(|&(&base, b)| base < ptr && ptr < base + b.len)
-                    .map(|(&base, b)| (base, b.stream))
+                    .find(|&(base, b)| base < ptr && ptr < base + b.len)
+                    .map(|(base, b)| (base, b.stream))
             }
         }
     }
 
     /// Block size of the live allocation at `base`.
     pub(super) fn block_len(&self, base: u64) -> u64 {
-        match self.large.get(&base) {
+        match self.large.get(base) {
             Some(b) => b.len,
             None => {
                 let region = self.region_of(base).expect("ours");

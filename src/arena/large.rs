@@ -16,17 +16,16 @@ impl Inner {
             self.streams[s as usize].large.free(node);
             return Err(e);
         }
-        self.large.insert(
-            addr,
-            LargeBlock {
-                len,
-                requested: size,
-                stream: s,
-                region,
-                node,
-                pending: false,
-            },
-        );
+        let block = LargeBlock {
+            len,
+            requested: size,
+            stream: s,
+            region,
+            node,
+            pending: false,
+        };
+        // No region starts at address 0 (`add_region`), the one key the table refuses.
+        let _ = self.large.insert(addr, block);
         self.count_alloc(Pool::Large, size, len);
         Ok((addr, len))
     }
@@ -102,7 +101,7 @@ impl Inner {
     }
 
     pub(super) fn finish_large(&mut self, ptr: u64) {
-        let block = self.large.remove(&ptr).expect("live block");
+        let block = self.large.remove(ptr).expect("live block");
         self.count_range(block.region, ptr, block.len, false);
         self.streams[block.stream as usize].large.free(block.node);
         self.stats.active.decrease(Pool::Large, 1);

@@ -114,8 +114,8 @@ impl Inner {
                     let mut v: Vec<LayoutBlock> = self
                         .large
                         .iter()
-                        .filter(|&(&addr, _)| addr >= r.base && addr < r.base + r.len)
-                        .map(|(&addr, b)| LayoutBlock {
+                        .filter(|&(addr, _)| addr >= r.base && addr < r.base + r.len)
+                        .map(|(addr, b)| LayoutBlock {
                             address: addr,
                             size: b.len,
                             requested: b.requested,

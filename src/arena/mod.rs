@@ -68,6 +68,7 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::device::{DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, StreamId};
 use crate::error::{Error, PointerFault, Result};
+use crate::ptr_table::{PtrTable, Vacant};
 use crate::stats::{DeviceStats, Pool};
 use heap::{Fit, Heap};
 use slab::Slab;
@@ -155,6 +156,23 @@ struct LargeBlock {
     node: u32,
     /// Freed by the client, waiting for events on the streams it was used on.
     pending: bool,
+}
+
+/// An unused entry of the live-block table links the next through its `node`.
+impl Vacant for LargeBlock {
+    fn vacant(next: u32) -> Self {
+        LargeBlock {
+            len: 0,
+            requested: 0,
+            stream: 0,
+            region: 0,
+            node: next,
+            pending: false,
+        }
+    }
+    fn next_vacant(&self) -> u32 {
+        self.node
+    }
 }
 
 /// One reservation of virtual addresses (or, without VMM, one plain segment), owned by one stream.
@@ -418,9 +436,10 @@ struct Inner {
     region_by_addr: Vec<(u64, u32)>,
     slabs: Vec<Slab>,
     free_slab_ids: Vec<u32>,
-    /// Live large blocks by address (hashed: the hot path only ever asks for an exact address;
-    /// an interior pointer, asked for by `record_stream` or `base_alloc` only, scans them).
-    large: IntMap<u64, LargeBlock>,
+    /// Live large blocks by address (an open-addressing table, at most half full: the hot path
+    /// only ever asks for an exact address; an interior pointer, asked for by `record_stream` or
+    /// `base_alloc` only, scans them).
+    large: PtrTable<LargeBlock, 2>,
     /// Extra streams named by `record_stream`, per live allocation.
     recorded: IntMap<u64, Vec<StreamId>>,
     pending: VecDeque<Pending>,
@@ -513,7 +532,7 @@ impl Arena {
             region_by_addr: Vec::new(),
             slabs: Vec::new(),
             free_slab_ids: Vec::new(),
-            large: IntMap::default(),
+            large: PtrTable::default(),
             recorded: IntMap::default(),
             pending: VecDeque::new(),
             pending_ptrs: IntMap::default(),

@@ -33,7 +33,12 @@ impl Inner {
     ) -> std::result::Result<u32, Miss> {
         let (base, len, plain) = if self.vmm {
             let len = round_up(need, self.page).max(self.region_len);
-            (self.dev.reserve(len, self.page)?, len, false)
+            let base = self.dev.reserve(len, self.page)?;
+            if base == 0 {
+                let _ = self.dev.free_address(base, len);
+                return Err(Miss::Device(address_zero("cuMemAddressReserve")));
+            }
+            (base, len, false)
         } else {
             let len = match pool {
                 Pool::Small => round_up(need, self.page),
@@ -44,6 +49,10 @@ impl Inner {
                 return Err(Miss::NoMemory);
             }
             let base = self.dev.alloc_plain(len)?;
+            if base == 0 {
+                let _ = self.dev.free_plain(base);
+                return Err(Miss::Device(address_zero("cuMemAlloc")));
+            }
             self.stats.segment.increase(pool, 1);
             self.stats.reserved_bytes.increase(pool, len as i64);
             self.stats.num_device_alloc += 1;
@@ -716,4 +725,12 @@ impl Inner {
             self.region_by_addr.remove(at);
         }
     }
+}
+
+/// A device that hands out address 0: no driver does, and the live-block table keeps 0 for
+/// "empty" (`crate::ptr_table`), so the range is given back and the request fails.
+fn address_zero(call: &str) -> DeviceError {
+    DeviceError::Misuse(format!(
+        "{call} returned address 0, which no CUDA driver hands out"
+    ))
 }

@@ -11,7 +11,7 @@
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
 //! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
 //! thread's stack, interned) and site (0 when not captured). The live table is per device and sharded by
-//! pointer into [`SHARDS`] open-addressing tables ([`table`]), each behind its own spin lock:
+//! pointer into [`SHARDS`] open-addressing tables (`crate::ptr_table`), each behind its own spin lock:
 //! threads freeing different pointers rarely meet on a lock. Per-site live bytes and
 //! counts (for leak judgement) are touched only for allocations that have a site.
 //!
@@ -50,7 +50,6 @@ pub mod leaks;
 mod report;
 pub mod sites;
 mod spin;
-mod table;
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -64,10 +63,13 @@ use crate::arena::Block;
 use crate::config::{Config, SitesMode};
 use crate::device::{DevPtr, MAX_DEVICES, StreamId};
 use crate::json;
+use crate::ptr_table::{PtrTable, Vacant};
 use leaks::Point;
 use sites::{Frame, Interner, SITES_NATIVE, SITES_PYTHON, Symbolizer};
 use spin::SpinLock;
-use table::Table;
+
+/// One shard of the live table: at most an eighth full (`ptr_table`'s module doc says why).
+type Table = PtrTable<Entry, 8>;
 
 /// Live-table shards per device.
 pub const SHARDS: usize = 16;
@@ -127,6 +129,19 @@ pub struct Entry {
     pub site: u32,
     /// `record_stream` named another stream for it.
     pub recorded: bool,
+}
+
+/// An unused entry of the live table links the next through its `seq`.
+impl Vacant for Entry {
+    fn vacant(next: u32) -> Self {
+        Entry {
+            seq: next.into(),
+            ..Entry::default()
+        }
+    }
+    fn next_vacant(&self) -> u32 {
+        self.seq as u32
+    }
 }
 
 /// A shard of the live table, on its own cache line.
@@ -599,7 +614,8 @@ impl Tracker {
             site,
             recorded: false,
         };
-        d.shard(ptr).lock().insert(ptr, e);
+        // An allocator never hands out address 0, the one key the table refuses.
+        let _ = d.shard(ptr).lock().insert(ptr, e);
         if site != 0 {
             d.site_add(site, size, true);
         }
@@ -659,7 +675,7 @@ impl Tracker {
             return;
         };
         if !freed {
-            d.shard(ptr).lock().insert(ptr, e);
+            let _ = d.shard(ptr).lock().insert(ptr, e);
             return;
         }
         if e.site != 0 {
