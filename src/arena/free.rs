@@ -110,8 +110,11 @@ impl Inner {
     /// Finish pending frees whose events have completed, oldest first.
     /// A failed query counts as "not yet": reusing memory early would be unsafe, and a device-wide
     /// synchronisation (`synchronize_all`) finishes everything anyway.
+    #[inline]
     pub(super) fn poll_pending(&mut self) {
-        self.finish_pending(false);
+        if !self.pending.is_empty() {
+            self.finish_pending(false);
+        }
     }
 
     /// Finish pending frees, oldest first: those whose events completed, or all with `all_done`

@@ -11,9 +11,7 @@ impl Inner {
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Block> {
-        if !self.pending.is_empty() {
-            self.poll_pending();
-        }
+        self.poll_pending();
         let s = self.state_for(stream, pool)?;
         // A request the limit cannot give even with every cached page moved fails here, before
         // any driver call or host allocation proportional to it.
