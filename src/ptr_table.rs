@@ -377,7 +377,11 @@ mod tests {
         for o in ops {
             match o {
                 Op::Insert(k, s) => {
-                    let want = if k != 0 { Ok(m.insert(k, entry(s))) } else { Err(entry(s)) };
+                    let want = if k != 0 {
+                        Ok(m.insert(k, entry(s)))
+                    } else {
+                        Err(entry(s))
+                    };
                     prop_assert_eq!(t.insert(k, entry(s)), want);
                 }
                 Op::Remove(k) => prop_assert_eq!(t.remove(k), m.remove(&k)),
