@@ -28,7 +28,9 @@
 //! JSON. `TORCH_ARENA_BENCH_CHILD=MIX/LIVE/THREADS/SIDE` (e.g. `full/1000/1/arena`, SIDE one of
 //! arena, system, harness) runs one side of one configuration in this process and prints its
 //! figures, which is what the parent does in each child; run the bench binary that way under
-//! `perf record` to profile a single configuration.
+//! `perf record` to profile a single configuration. The child also prints `PAIRS n`, the pairs
+//! it ran after filling (warm-up included): `bench/instructions` runs it under cachegrind at two
+//! scales and divides the difference in instructions by the difference in pairs.
 //!
 //! Tracking (`src/track`): `TORCH_ARENA_BENCH_TRACK=off,default,python,native` (any of them, comma
 //! separated) adds, per configuration, one side per mode that runs the same pairs through the
@@ -819,10 +821,16 @@ fn child_main(spec: &str, mixes: &[&Mix], scale: f64) -> ! {
         let threads: usize = threads
             .parse()
             .map_err(|_| format!("bad threads {threads:?}"))?;
-        measure_side(mix, live, threads, scale, side)
+        let plan = plan(mix, live, threads, scale);
+        let pairs = plan.pairs * plan.threads * (plan.warmup + plan.batches);
+        Ok((measure_side(mix, live, threads, scale, side)?, pairs))
     })();
     match result {
-        Ok(side) => println!("RESULT ok {}", side.encode()),
+        Ok((side, pairs)) => {
+            // The pairs run after filling, warm-up included: what `bench/instructions` divides by.
+            println!("PAIRS {pairs}");
+            println!("RESULT ok {}", side.encode());
+        }
         Err(e) => println!("RESULT err {}", e.replace('\n', " ")),
     }
     std::process::exit(0);
