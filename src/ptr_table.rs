@@ -72,7 +72,7 @@ impl<V: Vacant, const GROW: usize> Default for PtrTable<V, GROW> {
 
 /// The first slot of `key`'s probe path in a table of `mask + 1` slots. Pointers are at least
 /// 512-byte aligned, so the low bits are dropped first; the multiply spreads the rest and the
-/// product's middle bits (not the top ones, which pick the shard) pick the slot.
+/// product's middle bits (not the top ones, which pick the tracker's shard) pick the slot.
 #[inline]
 fn home(key: DevPtr, mask: usize) -> usize {
     let h = (key >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15);

@@ -166,7 +166,7 @@ impl Inner {
             .iter()
             .filter(|r| r.live && r.pool == Pool::Large)
             .flat_map(|r| &r.pages)
-            .filter(|s| s.users > 0 && (s.covered as u64) < self.page)
+            .filter(|s| s.is_partial(self.page))
             .count() as i64;
         if partial != self.partial_pages {
             return Err(format!(

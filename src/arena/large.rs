@@ -24,8 +24,13 @@ impl Inner {
             node,
             pending: false,
         };
-        // No region starts at address 0 (`add_region`), the one key the table refuses.
-        let _ = self.large.insert(addr, block);
+        // No region starts at address 0 (`add_region`), the one key the table refuses, and no
+        // live block starts where this one does.
+        let inserted = self.large.insert(addr, block);
+        debug_assert!(
+            matches!(inserted, Ok(None)),
+            "block at {addr:#x} already live"
+        );
         self.count_alloc(Pool::Large, size, len);
         Ok((addr, len))
     }

@@ -248,6 +248,15 @@ impl PageRef {
     };
 }
 
+impl PageSlot {
+    /// Holding live data and free bytes: free space no one else can use (the large pool's
+    /// inactive split).
+    #[inline]
+    fn is_partial(&self, page: u64) -> bool {
+        self.users > 0 && u64::from(self.covered) < page
+    }
+}
+
 impl Default for PageSlot {
     fn default() -> Self {
         PageSlot {

@@ -132,8 +132,7 @@ impl Inner {
         // At most a page, so at most 1 GiB (`Arena::new`).
         let overlap = ((addr + len).min(start + page) - addr.max(start)) as u32;
         let slot = &mut r.pages[p as usize];
-        // Partial: holding live data and free bytes, free space no one else can use.
-        let was = slot.users > 0 && (slot.covered as u64) < page;
+        let was = slot.is_partial(page);
         if add {
             slot.covered += overlap;
             slot.users += 1;
@@ -141,7 +140,7 @@ impl Inner {
             slot.covered -= overlap;
             slot.users -= 1;
         }
-        let (users, now) = (slot.users, slot.users > 0 && (slot.covered as u64) < page);
+        let (users, now) = (slot.users, slot.is_partial(page));
         let mapped = slot.phys.is_some();
         self.partial_pages += now as i64 - was as i64;
         match (add, users) {
