@@ -55,9 +55,28 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
         OUTCOMES[item.nodeid] = report.outcome
 
 
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line(
+        "markers",
+        "exclusive: reads the driver's free memory, fills the GPU or times steps; gpu-check runs "
+        "these alone, after the others",
+    )
+
+
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Write what this session gathered into $OUT/gpu-results.json, merged with what is there
+    already (gpu-check runs pytest twice) and, under pytest-xdist, with what each worker left in
+    $GPU_CHECK_PARTS (a worker writes only its part; the controller merges)."""
     out = os.environ.get("OUT")
     if not out:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    parts = os.environ.get("GPU_CHECK_PARTS")
+    if worker:
+        if parts:
+            Path(parts).mkdir(parents=True, exist_ok=True)
+            part = Path(parts) / f"{worker}.json"
+            part.write_text(json.dumps({"tests": OUTCOMES, "results": RESULTS}, default=str))
         return
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -76,10 +95,21 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         info["library"] = torch_arena.library_path()
     except Exception as exc:  # reported, not fatal: the tests say what broke
         info["torch_arena"] = f"not importable: {exc}"
+    Path(out).mkdir(parents=True, exist_ok=True)
     path = Path(out) / "gpu-results.json"
-    path.write_text(
-        json.dumps({"info": info, "tests": OUTCOMES, "results": RESULTS}, indent=1, default=str)
-    )
+    merged: dict[str, Any] = {"info": {}, "tests": {}, "results": {}}
+    if path.exists():
+        merged = json.loads(path.read_text())
+    sources = [{"tests": OUTCOMES, "results": RESULTS}]
+    if parts and Path(parts).is_dir():
+        for part in sorted(Path(parts).glob("*.json")):
+            sources.append(json.loads(part.read_text()))
+            part.unlink()
+    for source in sources:
+        merged["tests"].update(source["tests"])
+        merged["results"].update(source["results"])
+    merged["info"] = {**merged["info"], **info}
+    path.write_text(json.dumps(merged, indent=1, default=str))
 
 
 def run_workload(
@@ -88,7 +118,11 @@ def run_workload(
     """Run workload ``name`` in a fresh interpreter, with torch-arena switched on by the
     environment when ``arena``; return its RESULT (also kept for gpu-results.json). Fails the
     test when the program fails (unless not ``must_succeed``: then the result is
-    ``{"failed": True, ...}``), or when the allocator it ran under is not the one asked for."""
+    ``{"failed": True, ...}``), or when the allocator it ran under is not the one asked for.
+    ``GPU_CHECK_TIMEOUT`` (seconds), when set, caps ``timeout``."""
+    cap = os.environ.get("GPU_CHECK_TIMEOUT")
+    if cap:
+        timeout = min(timeout, float(cap))
     full = {k: v for k, v in os.environ.items() if k not in _SCRUB}
     full["PYTHONUNBUFFERED"] = "1"
     if arena:

@@ -2,7 +2,11 @@
 mode, and what the pluggable allocator cannot do (recorded for docs/python.md).
 
 Run by scripts/gpu-check on the device machine; see conftest.py for how each program runs.
+Tests marked ``exclusive`` read the driver's free memory, fill the GPU or time steps: gpu-check
+runs them alone, after the others (which may run side by side, with pytest-xdist).
 """
+
+import os
 
 import pytest
 
@@ -45,9 +49,55 @@ def test_training_losses_are_bit_identical_native_vs_arena(workload):
 
 
 # ---------------------------------------------------------------------------------------------
+# Steady state (issue 13): a warm step makes no memory driver call.
+
+
+def _steps(workload) -> tuple[dict, dict]:
+    """The steps workload under both allocators, run once per session. With OUT set, both runs'
+    allocations come back for the lab: PyTorch's snapshot of the native run, torch-arena's own
+    trace of the arena run (replay them with `torch-arena replay FILE --native`)."""
+    if "steps" not in _STEPS:
+        out = os.environ.get("OUT")
+        native_env = {"STEPS_SNAPSHOT": f"{out}/steps-native.pickle"} if out else {}
+        arena_env = {"TORCH_ARENA_CONF": f"trace:{out}/steps-arena.trace"} if out else {}
+        _STEPS["steps"] = (
+            workload("steps", arena=False, **native_env),
+            workload("steps", arena=True, **arena_env),
+        )
+    return _STEPS["steps"]
+
+
+_STEPS: dict[str, tuple[dict, dict]] = {}
+
+
+@pytest.mark.exclusive
+def test_warm_training_steps_of_one_shape_make_no_memory_driver_call(workload):
+    native, arena = _steps(workload)
+    assert len(native["steps"]) == len(arena["steps"]) == 40
+    calls = [s["calls"] for s in arena["steps"]]
+    # 20 steps of one shape: from step 4 on, nothing is created, mapped or unmapped.
+    assert calls[3:20] == [0] * 17, arena["steps"]
+
+
+@pytest.mark.exclusive
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 13, open: on the H200 (2026-11-26) the arena grew by one 10 MiB handle in the "
+    "cycle's fifth pass (step 37), where native's last growth was in its second; the lab replays "
+    "the recorded trace with the same calls at the same steps",
+)
+def test_a_repeating_cycle_of_shapes_makes_no_call_after_its_second_pass(workload):
+    native, arena = _steps(workload)
+    calls = [s["calls"] for s in arena["steps"]]
+    # Then four lengths in a cycle: once the cycle has run twice, it repeats with no call.
+    assert calls[28:] == [0] * 12, arena["steps"]
+
+
+# ---------------------------------------------------------------------------------------------
 # Statistics.
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("arena", [False, True], ids=["native", "arena"])
 def test_statistics_are_plausible_against_the_driver(workload, arena):
     r = workload("stats", arena=arena)
@@ -84,6 +134,7 @@ def test_record_stream_keeps_memory_until_the_other_stream_is_done(workload, are
 # Out of memory.
 
 
+@pytest.mark.exclusive
 def test_out_of_memory_raises_cuda_out_of_memory_and_the_process_goes_on(workload):
     r = workload("oom", arena=True, timeout=580)
     for case in ("too_big", "fill"):
@@ -97,6 +148,7 @@ def test_out_of_memory_raises_cuda_out_of_memory_and_the_process_goes_on(workloa
     assert r["num_ooms"] >= 2
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("arena", [False, True], ids=["native", "arena"])
 def test_memory_fraction_caps_the_allocator(workload, arena):
     r = workload("memory_fraction", arena=arena)
@@ -145,7 +197,10 @@ def test_convolutions_work_without_cudnn_benchmark(workload):
     arena = workload("cudnn", arena=True)
     assert native["benchmark_false"]["ok"], native
     assert arena["benchmark_false"]["ok"], arena["benchmark_false"]
-    assert arena["benchmark_false"]["value"] == native["benchmark_false"]["value"]
+    # Same seed, same algorithms: the same gradient, up to the order cuDNN sums in.
+    assert arena["benchmark_false"]["value"] == pytest.approx(
+        native["benchmark_false"]["value"], rel=1e-5
+    )
     # benchmark_true under the arena is expected to raise "...does not yet support cacheInfo";
     # recorded, not asserted.
 

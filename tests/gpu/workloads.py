@@ -158,6 +158,92 @@ def train(device: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Steady state: driver calls and time per training step.
+
+# The calls that create, map, unmap or free device memory (DriverCounters::memory_calls).
+MEMORY_CALLS = (
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuMemAlloc",
+    "cuMemFree",
+)
+
+
+def driver_calls() -> dict[str, int]:
+    """The memory driver calls made so far in this process, by kind: torch-arena's own counts
+    (the "Driver calls" section of memory_summary) under the arena; under the native allocator
+    its num_device_alloc / num_device_free (cudaMalloc + cuMemMap, cudaFree + cuMemUnmap)."""
+    import re
+
+    import torch_arena
+
+    if not torch_arena.is_enabled():
+        s = torch.cuda.memory_stats()
+        return {"device_alloc": s["num_device_alloc"], "device_free": s["num_device_free"]}
+    text = torch.cuda.memory_summary()
+    calls, seen = {}, False
+    for line in text.splitlines():
+        if "Driver calls" in line:
+            seen = True
+            continue
+        m = re.match(r"\|\s*(cu\w+)\s*\|\s*(\d+)", line)
+        if seen and m and m.group(1) in MEMORY_CALLS:
+            calls[m.group(1)] = int(m.group(2))
+    if not seen:
+        raise RuntimeError("memory_summary has no Driver calls section:\n" + text[-3000:])
+    return calls
+
+
+@workload
+def steps(device: str) -> dict[str, Any]:
+    """A GPT-style model trained for 40 steps: 20 of one shape, then 20 cycling through four
+    sequence lengths (a repeating pattern). Per step: its memory driver calls and its time."""
+    torch.manual_seed(7)
+    vocab, seq, batch = 1024, 512, 8
+    model = TinyLM(vocab=vocab, d=1024, heads=8, layers=8, seq=seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = [seq] * 20 + [512, 384, 256, 448] * 5
+    per_step = []
+    snapshot = os.environ.get("STEPS_SNAPSHOT")
+    if snapshot:  # PyTorch's own record of every alloc and free, for the lab (replay --native)
+        torch.cuda.memory._record_memory_history(context=None, max_entries=1_000_000)
+    before = driver_calls()
+    for length in lengths:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        chunk = torch.randint(0, vocab, (batch, length + 1), device=device)
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1000
+        now = driver_calls()
+        made = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+        before = now
+        per_step.append(
+            {"length": length, "ms": round(ms, 3), "calls": sum(made.values()), "by_kind": made}
+        )
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    result: dict[str, Any] = {"steps": per_step, "lengths": lengths}
+    result.update(memory_figures())
+    result["summary"] = torch.cuda.memory_summary()
+    result.update(allocator_state())
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
 # Statistics against the driver's view.
 
 
@@ -418,6 +504,7 @@ def cudnn(device: str) -> dict[str, Any]:
 
     def conv(benchmark: bool) -> float:
         torch.backends.cudnn.benchmark = benchmark
+        torch.manual_seed(11)  # the same weights and input under both allocators
         layer = torch.nn.Conv2d(16, 32, 3, padding=1).to(device)
         inp = torch.randn(8, 16, 64, 64, device=device, requires_grad=True)
         out = layer(inp)
