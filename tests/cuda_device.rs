@@ -407,6 +407,7 @@ fn counters_match_the_calls_the_driver_saw() {
     }
     assert_eq!(counters.mem_map, 4);
     assert_eq!(counters.set_access, 4);
+    assert_eq!(counters.set_access_handles, 4); // single-handle grants
     assert_eq!(counters.mem_unmap, 3);
 }
 

@@ -431,6 +431,7 @@ struct Counters {
     stream_synchronize: AtomicU64,
     device_synchronize: AtomicU64,
     mem_get_info: AtomicU64,
+    set_access_handles: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -458,6 +459,7 @@ impl Counters {
             stream_synchronize: g(&self.stream_synchronize),
             device_synchronize: g(&self.device_synchronize),
             mem_get_info: g(&self.mem_get_info),
+            set_access_handles: g(&self.set_access_handles),
         }
     }
 }
@@ -819,8 +821,11 @@ impl Device for CudaDevice {
             },
             // One grant for everything mapped: access is per range, not per handle. After a
             // failed cuMemMap this makes the handles mapped so far usable, so nothing is undone.
-            |_, at, len| {
+            |_, at, len, handles| {
                 bump(&self.counters.set_access);
+                self.counters
+                    .set_access_handles
+                    .fetch_add(handles, Ordering::Relaxed);
                 // SAFETY: one valid access descriptor over a range mapped just above.
                 let rc = unsafe { (v.set_access)(at, len as usize, &access, 1) };
                 self.drv.check("cuMemSetAccess", rc)

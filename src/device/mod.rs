@@ -74,6 +74,10 @@ pub struct DriverCounters {
     pub stream_synchronize: u64,
     pub device_synchronize: u64,
     pub mem_get_info: u64,
+    /// Handles covered by the `set_access` calls (not a call kind of its own). One
+    /// cuMemSetAccess over a run of k handles costs about k single grants on a GPU (measured on
+    /// an H200 by `bench/driver_costs.py`), so the cost model prices grants by handle.
+    pub set_access_handles: u64,
 }
 
 impl DriverCounters {
@@ -134,6 +138,9 @@ impl DriverCounters {
         for (f, (_, e)) in out.fields_mut().into_iter().zip(earlier.entries()) {
             *f = f.saturating_sub(e);
         }
+        out.set_access_handles = out
+            .set_access_handles
+            .saturating_sub(earlier.set_access_handles);
         out
     }
 
@@ -142,6 +149,9 @@ impl DriverCounters {
         for (f, (_, o)) in self.fields_mut().into_iter().zip(other.entries()) {
             *f = f.saturating_add(o);
         }
+        self.set_access_handles = self
+            .set_access_handles
+            .saturating_add(other.set_access_handles);
     }
 
     /// Calls that create, map, unmap or free device memory (everything but events,
@@ -199,14 +209,14 @@ pub struct MapRunError {
 
 /// The protocol of [`Device::map_run`], one place for every implementation: `map` each handle
 /// at consecutive addresses from `va` until one fails, then `grant` access to what was mapped (a
-/// range of `len` bytes from `va`); if the grant fails, `undo` that range (true when it is
+/// range of `len` bytes from `va`, covering `handles` handles); if the grant fails, `undo` that range (true when it is
 /// unmapped again). Each step gets `cx`, the implementation's state (its lock guard, say).
 pub(crate) fn map_run_with<C>(
     cx: &mut C,
     va: DevPtr,
     handles: &[(PageHandle, u64)],
     mut map: impl FnMut(&mut C, DevPtr, u64, PageHandle) -> DeviceResult<()>,
-    grant: impl FnOnce(&mut C, DevPtr, u64) -> DeviceResult<()>,
+    grant: impl FnOnce(&mut C, DevPtr, u64, u64) -> DeviceResult<()>,
     undo: impl FnOnce(&mut C, DevPtr, u64) -> bool,
 ) -> Result<(), MapRunError> {
     let mut at = va;
@@ -220,7 +230,7 @@ pub(crate) fn map_run_with<C>(
     }
     let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
     if mapped > 0
-        && let Err(e) = grant(cx, va, at - va)
+        && let Err(e) = grant(cx, va, at - va, mapped as u64)
     {
         // Leave nothing inaccessible: the range goes back to reserved-but-unmapped, or, if the
         // driver refuses that too, is reported mapped so it is never taken for unmapped memory.
@@ -260,8 +270,8 @@ pub trait Device: Send + Sync {
     fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()>;
     /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
     /// device read/write access to the whole run: one cuMemMap per handle, then one
-    /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; access is the
-    /// expensive half). On failure, says how many leading handles stay mapped, and accessible:
+    /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; on an H200 such a
+    /// grant costs what one grant per handle would, so it saves calls, not time). On failure, says how many leading handles stay mapped, and accessible:
     /// the implementation grants access to what it mapped before the failure, or, if that fails
     /// too, unmaps it (a prefix that can be neither is reported mapped, so it is never taken for
     /// unmapped memory). The default maps handle by handle with [`Device::map`].
@@ -272,7 +282,7 @@ pub trait Device: Send + Sync {
             va,
             handles,
             |_, at, size, page| self.map(at, size, page),
-            |_, _, _| Ok(()),
+            |_, _, _, _| Ok(()),
             |_, _, _| true,
         )
     }

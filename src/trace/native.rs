@@ -549,6 +549,7 @@ impl<'a> Native<'a> {
         self.calls.mem_create += chunks;
         self.calls.mem_map += chunks;
         self.calls.set_access += 1;
+        self.calls.set_access_handles += chunks;
         self.insert_free(u)
     }
 

@@ -444,6 +444,7 @@ fn injected_failures_have_no_effect_but_are_counted() {
 
     let c = d.counters();
     assert_eq!((c.mem_create, c.mem_map, c.set_access), (3, 4, 3));
+    assert_eq!(c.set_access_handles, 3); // one handle per grant here
     assert_eq!((c.address_reserve, c.mem_alloc, c.event_create), (2, 1, 1));
 
     // A planned failure can be cancelled.
@@ -666,4 +667,26 @@ fn is_shareable_across_threads() {
         (0, 0, 0)
     );
     assert!(d.violations().is_empty(), "{:?}", d.violations());
+}
+
+#[test]
+fn a_grant_counts_the_handles_it_covers() {
+    // One cuMemSetAccess for a run of three handles, one for the two mapped before a failure:
+    // two calls, five handles (the cost model prices grants by handle).
+    let d = sim(64 * MIB, false);
+    let va = d.reserve(8 * PAGE, 0).unwrap();
+    let run: Vec<(PageHandle, u64)> = (0..3)
+        .map(|_| (d.create_page(PAGE).unwrap(), PAGE))
+        .collect();
+    assert!(d.map_run(va, &run).is_ok());
+    let tail: Vec<(PageHandle, u64)> = (0..3)
+        .map(|_| (d.create_page(PAGE).unwrap(), PAGE))
+        .collect();
+    d.fail_nth(SimCall::Map, 3);
+    let Err(err) = d.map_run(va + 3 * PAGE, &tail) else {
+        panic!("the third map fails")
+    };
+    assert_eq!(err.mapped, 2);
+    let c = d.counters();
+    assert_eq!((c.mem_map, c.set_access, c.set_access_handles), (6, 2, 5));
 }

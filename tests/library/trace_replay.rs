@@ -604,7 +604,7 @@ fn counts_by_kind_are_the_devices_counters_and_priced_by_the_table() {
         (c.address_reserve as f64 * 19.0
             + c.mem_create as f64 * create_us
             + c.mem_map as f64 * 1.45
-            + c.set_access as f64 * 36.0
+            + c.set_access_handles.max(c.set_access) as f64 * 36.0
             + c.mem_unmap as f64 * 25.6
             + c.mem_release as f64 * 26.0
             + c.event_create as f64 * 2.0

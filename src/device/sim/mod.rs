@@ -408,9 +408,10 @@ impl Device for SimDevice {
             va,
             handles,
             |s, at, size, page| s.map_one(at, size, page),
-            |s, _, _| {
+            |s, _, _, handles| {
                 // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
                 s.counters.set_access += 1;
+                s.counters.set_access_handles += handles;
                 let n = s.faults.begin(SimCall::SetAccess);
                 match s.faults.fails(SimCall::SetAccess, n) {
                     true => Err(SimCall::SetAccess.injected_error()),
