@@ -796,3 +796,31 @@ fn replay_errors_name_the_event() {
         .to_string();
     assert!(e.contains("event 2"), "{e}");
 }
+
+/// The steps workload of the GPU suite, recorded by torch-arena on an H200
+/// (`bench/traces/steps-h200-arena.trace.gz`, see BENCHMARKS.md): replayed on the simulated
+/// device, the arena makes the calls the GPU counted (two reservations; 105 handles created,
+/// mapped and granted, none unmapped), and a second pass of the 40 steps makes none.
+#[test]
+fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pass() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bench/traces/steps-h200-arena.trace.gz");
+    let t = torch_arena::trace::load(&path).unwrap();
+    let mut o = timed(80 * GIB, 2, 0);
+    o.consistency_every = 10_000; // the stats after every event, the full walk now and then
+    let r = replay(&t, &o, &mut |_, _| {}).unwrap();
+    let first = r.steps[0].calls;
+    assert_eq!(
+        (
+            first.address_reserve,
+            first.mem_create,
+            first.mem_map,
+            first.set_access
+        ),
+        (2, 105, 105, 105),
+        "{first:?}"
+    );
+    assert_eq!(first.set_access_handles, 105);
+    assert_eq!(first.mem_unmap + first.mem_release, 0);
+    assert_eq!(r.steps[1].calls.memory_calls(), 0, "{:?}", r.steps[1]);
+}
