@@ -22,6 +22,11 @@
 //! No measured cudaMalloc/cudaFree latency on A100/H100 was found (reference, last section);
 //! each call is priced at one figure whatever its size, which flatters a few large segments.
 //!
+//! A cuMemSetAccess is priced per handle it covers ([`DriverCounters::set_access_handles`]):
+//! on an H200 one grant over a run of k handles cost k single grants. Every figure of the table
+//! was measured on an H200 too (`bench/driver_costs.py`, run by `scripts/gpu-check`); the file
+//! `bench/costs/h200.txt` holds them for `--driver-costs` (BENCHMARKS.md, "On a GPU").
+//!
 //! A costs file (`--driver-costs FILE`, conf key `driver_costs:FILE`) overrides any of these:
 //! one `NAME = MICROSECONDS` per line (`NAME: MICROSECONDS` also accepted), `#` starts a comment,
 //! names as in [`DriverCounters::entries`] (`cudaMalloc`/`cudaFree` are accepted for

@@ -201,8 +201,11 @@ def test_convolutions_work_without_cudnn_benchmark(workload):
     assert arena["benchmark_false"]["value"] == pytest.approx(
         native["benchmark_false"]["value"], rel=1e-5
     )
-    # benchmark_true under the arena is expected to raise "...does not yet support cacheInfo";
-    # recorded, not asserted.
+    assert native["benchmark_true"]["ok"], native
+    # cuDNN's benchmark mode sizes its workspace with cacheInfo, which PyTorch has no hook for
+    # under a pluggable allocator (docs/python.md): the known failure, and only that one.
+    if not arena["benchmark_true"]["ok"]:
+        assert "does not yet support cacheInfo" in arena["benchmark_true"]["error"], arena
 
 
 def test_cuda_graph_capture(workload):
