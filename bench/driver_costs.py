@@ -22,7 +22,8 @@ What it measures, on an idle GPU unless said otherwise:
   the default stream), on memory the kernel does not touch.
 
 Writes ``driver-costs.json`` (every sample's statistics) and ``driver-costs.txt`` (a costs file
-for ``--driver-costs``, per-call averages at the handle size the arena maps with, 2 MiB) into
+for ``--driver-costs``: per-call averages at 2 MiB, and per-GiB terms for the calls that take
+longer with size) into
 ``--out`` (default: the current folder), and prints a table.
 """
 
@@ -515,10 +516,21 @@ def costs_file(results: dict[str, Any], gpu: str, driver: int) -> str:
         f"# {time.strftime('%Y-%m-%d')}: mean µs per call, 2 MiB handles, idle GPU, one thread.",
         "# Use with: torch-arena replay ... --driver-costs FILE",
     ]
+    # Calls that take longer with size: the slope between 2 MiB and the largest size measured.
+    slopes = {
+        "cuMemCreate": ("cuMemCreate 2 MiB", "cuMemCreate 200 MiB", 200 * MiB),
+        "cuMemRelease": ("cuMemRelease 2 MiB", "cuMemRelease 200 MiB", 200 * MiB),
+        "cuMemAlloc": ("cuMemAlloc 2 MiB", "cuMemAlloc 1 GiB", GiB),
+        "cuMemFree": ("cuMemFree 2 MiB", "cuMemFree 1 GiB", GiB),
+    }
     for name, key in rows:
         value = mean(key)
         if value is not None:
             lines.append(f"{name} = {value}")
+        small, big, size = slopes.get(name, (None, None, 0))
+        if small and mean(small) is not None and mean(big) is not None:
+            per_gib = (mean(big) - mean(small)) / ((size - 2 * MiB) / GiB)
+            lines.append(f"{name} per GiB = {round(max(per_gib, 0.0), 1)}")
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,10 @@
 //! A costs file (`--driver-costs FILE`, conf key `driver_costs:FILE`) overrides any of these:
 //! one `NAME = MICROSECONDS` per line (`NAME: MICROSECONDS` also accepted), `#` starts a comment,
 //! names as in [`DriverCounters::entries`] (`cudaMalloc`/`cudaFree` are accepted for
-//! `cuMemAlloc`/`cuMemFree`, and a `_v2` suffix is ignored).
+//! `cuMemAlloc`/`cuMemFree`, and a `_v2` suffix is ignored). `NAME per GiB = MICROSECONDS` adds a
+//! term per GiB the calls of that kind handled, for the kinds whose bytes are counted
+//! (cuMemCreate, cuMemRelease, cuMemAlloc, cuMemFree); the defaults have none (nothing was
+//! measured on an A100).
 
 use std::path::Path;
 
@@ -43,6 +46,8 @@ pub const KINDS: usize = 17;
 #[derive(Clone, Debug, PartialEq)]
 pub struct DriverCosts {
     pub us: [f64; KINDS],
+    /// Microseconds per GiB the calls of a kind handled, on top of `us` (0 where not given).
+    pub per_gib_us: [f64; KINDS],
     /// Where the figures came from ("A100 defaults" or the file).
     pub source: String,
 }
@@ -72,9 +77,15 @@ impl Default for DriverCosts {
     fn default() -> Self {
         DriverCosts {
             us: A100_US,
+            per_gib_us: [0.0; KINDS],
             source: "A100 defaults (reference/vmm-costs.md)".to_string(),
         }
     }
+}
+
+/// The name of call kind `i`, as [`DriverCounters::entries`] writes it.
+fn name_of(i: usize) -> &'static str {
+    DriverCounters::default().entries()[i].0
 }
 
 /// The index of a call kind by its name, as the costs file may write it.
@@ -92,19 +103,20 @@ pub fn kind_index(name: &str) -> Option<usize> {
 }
 
 impl DriverCosts {
-    /// Modelled seconds the calls in `c` take: Σ count × latency, except that a cuMemSetAccess
-    /// is priced per handle it covers (a grant of a run of k handles costs k grants of one:
-    /// 20, 38, 74, 183 and 608 µs for runs of 1, 2, 4, 10 and 32 handles of 2 MiB on an H200,
-    /// `bench/results/driver-costs-2026-11-26-H200.json`). Counters that do not count handles
-    /// (`set_access_handles` 0) are priced per call.
+    /// Modelled seconds the calls in `c` take: Σ count × latency, plus the per-GiB terms of the
+    /// kinds that count bytes; a cuMemSetAccess is priced per handle it covers (a grant of a run
+    /// of k handles costs k grants of one: 20, 38, 74, 183 and 608 µs for runs of 1, 2, 4, 10
+    /// and 32 handles of 2 MiB on an H200, `bench/results/driver-costs-2026-11-26-H200-2.json`).
+    /// Counters that do not count handles (`set_access_handles` 0) are priced per call.
     pub fn seconds(&self, c: &DriverCounters) -> f64 {
         let grants = c.set_access_handles.max(c.set_access);
         c.entries()
             .iter()
-            .zip(self.us.iter())
-            .map(|(&(name, n), us)| {
+            .zip(self.us.iter().zip(self.per_gib_us.iter()))
+            .map(|(&(name, n), (us, per_gib))| {
                 let n = if name == "cuMemSetAccess" { grants } else { n };
-                n as f64 * us
+                let gib = c.bytes_of(name).unwrap_or(0) as f64 / (1u64 << 30) as f64;
+                n as f64 * us + gib * per_gib
             })
             .sum::<f64>()
             / 1e6
@@ -133,6 +145,10 @@ impl DriverCosts {
                 ));
             };
             let (name, value) = (name.trim(), value.trim());
+            let (name, per_gib) = match name.strip_suffix("per GiB") {
+                Some(kind) => (kind.trim(), true),
+                None => (name, false),
+            };
             let Some(i) = kind_index(name) else {
                 let names: Vec<&str> = DriverCounters::default()
                     .entries()
@@ -158,7 +174,17 @@ impl DriverCosts {
                         n + 1
                     )
                 })?;
-            costs.us[i] = us;
+            if !per_gib {
+                costs.us[i] = us;
+            } else if DriverCounters::default().bytes_of(name_of(i)).is_some() {
+                costs.per_gib_us[i] = us;
+            } else {
+                return Err(format!(
+                    "{source}:{}: '{name} per GiB': only cuMemCreate, cuMemRelease, cuMemAlloc \
+                     and cuMemFree count their bytes",
+                    n + 1
+                ));
+            }
         }
         Ok(costs)
     }
@@ -207,5 +233,19 @@ mod tests {
         let want = (10.0 * 193.0 + 4.0 * 1.45 + 9.0 * 36.0 + 2.0 * 25.6) / 1e6;
         assert!((d.seconds(&runs) - want).abs() < 1e-12);
         assert!(DriverCosts::parse("cuMemMap 1", "t").is_err());
+        // A per-GiB term, for the kinds that count their bytes.
+        let f = DriverCosts::parse("cudaFree per GiB = 350\ncuMemFree = 30\n", "t").unwrap();
+        let freed = DriverCounters {
+            mem_free: 3,
+            mem_free_bytes: 3 << 29, // 1.5 GiB
+            ..Default::default()
+        };
+        assert!((f.seconds(&freed) - (3.0 * 30.0 + 1.5 * 350.0) / 1e6).abs() < 1e-12);
+        assert_eq!(DriverCosts::default().seconds(&freed), 3.0 * 52.0 / 1e6);
+        let err = DriverCosts::parse("cuMemMap per GiB = 1", "t").unwrap_err();
+        assert!(
+            err.contains("cuMemMap per GiB") && err.contains("cuMemFree"),
+            "{err}"
+        );
     }
 }

@@ -460,6 +460,8 @@ impl Counters {
             device_synchronize: g(&self.device_synchronize),
             mem_get_info: g(&self.mem_get_info),
             set_access_handles: g(&self.set_access_handles),
+            // Bytes are counted where the lab prices them (the sim, the native emulation).
+            ..DriverCounters::default()
         }
     }
 }

@@ -78,6 +78,14 @@ pub struct DriverCounters {
     /// cuMemSetAccess over a run of k handles costs about k single grants on a GPU (measured on
     /// an H200 by `bench/driver_costs.py`), so the cost model prices grants by handle.
     pub set_access_handles: u64,
+    /// Bytes created, released, allocated (cuMemAlloc) and freed (cuMemFree). On an H200 these
+    /// calls take longer the larger they are (cuMemFree: 30 µs at 2 MiB, 388 at 1 GiB), so the
+    /// cost model may price a byte term. Counted by the simulated device and the native
+    /// emulation, where the lab prices them; the CUDA device leaves them 0.
+    pub mem_create_bytes: u64,
+    pub mem_release_bytes: u64,
+    pub mem_alloc_bytes: u64,
+    pub mem_free_bytes: u64,
 }
 
 impl DriverCounters {
@@ -132,15 +140,47 @@ impl DriverCounters {
         ]
     }
 
+    /// The figures kept beside the calls: handles granted, then the byte counts.
+    pub fn extras(&self) -> [u64; 5] {
+        [
+            self.set_access_handles,
+            self.mem_create_bytes,
+            self.mem_release_bytes,
+            self.mem_alloc_bytes,
+            self.mem_free_bytes,
+        ]
+    }
+
+    fn extras_mut(&mut self) -> [&mut u64; 5] {
+        [
+            &mut self.set_access_handles,
+            &mut self.mem_create_bytes,
+            &mut self.mem_release_bytes,
+            &mut self.mem_alloc_bytes,
+            &mut self.mem_free_bytes,
+        ]
+    }
+
+    /// The bytes behind a call kind's calls, for the kinds that count them.
+    pub fn bytes_of(&self, kind: &str) -> Option<u64> {
+        match kind {
+            "cuMemCreate" => Some(self.mem_create_bytes),
+            "cuMemRelease" => Some(self.mem_release_bytes),
+            "cuMemAlloc" => Some(self.mem_alloc_bytes),
+            "cuMemFree" => Some(self.mem_free_bytes),
+            _ => None,
+        }
+    }
+
     /// The calls made since `earlier` (a snapshot of the same counters), kind by kind.
     pub fn since(&self, earlier: &DriverCounters) -> DriverCounters {
         let mut out = *self;
         for (f, (_, e)) in out.fields_mut().into_iter().zip(earlier.entries()) {
             *f = f.saturating_sub(e);
         }
-        out.set_access_handles = out
-            .set_access_handles
-            .saturating_sub(earlier.set_access_handles);
+        for (f, e) in out.extras_mut().into_iter().zip(earlier.extras()) {
+            *f = f.saturating_sub(e);
+        }
         out
     }
 
@@ -149,9 +189,9 @@ impl DriverCounters {
         for (f, (_, o)) in self.fields_mut().into_iter().zip(other.entries()) {
             *f = f.saturating_add(o);
         }
-        self.set_access_handles = self
-            .set_access_handles
-            .saturating_add(other.set_access_handles);
+        for (f, o) in self.extras_mut().into_iter().zip(other.extras()) {
+            *f = f.saturating_add(o);
+        }
     }
 
     /// Calls that create, map, unmap or free device memory (everything but events,

@@ -373,6 +373,7 @@ impl<'a> Native<'a> {
         self.add_reserved(len);
         self.created += 1;
         self.calls.mem_alloc += 1;
+        self.calls.mem_alloc_bytes += len;
         let seg = self.segs.len() as u32;
         self.segs.push(Segment {
             stream,
@@ -405,6 +406,7 @@ impl<'a> Native<'a> {
         self.reserved -= self.blocks[i as usize].size;
         self.released += 1;
         self.calls.mem_free += 1;
+        self.calls.mem_free_bytes += self.blocks[i as usize].size;
         self.spare.push(i);
     }
 
@@ -547,6 +549,7 @@ impl<'a> Native<'a> {
         self.created += chunks;
         // One handle per chunk, each created and mapped; one cuMemSetAccess for the range.
         self.calls.mem_create += chunks;
+        self.calls.mem_create_bytes += len;
         self.calls.mem_map += chunks;
         self.calls.set_access += 1;
         self.calls.set_access_handles += chunks;
@@ -571,6 +574,7 @@ impl<'a> Native<'a> {
         self.calls.stream_synchronize += 1;
         self.calls.mem_unmap += (hi - lo) / chunk;
         self.calls.mem_release += (hi - lo) / chunk;
+        self.calls.mem_release_bytes += hi - lo;
         // Cut [ptr, lo) | [lo, hi) | [hi, end).
         let mut mid = i;
         if lo > b.ptr {

@@ -690,3 +690,28 @@ fn a_grant_counts_the_handles_it_covers() {
     let c = d.counters();
     assert_eq!((c.mem_map, c.set_access, c.set_access_handles), (6, 2, 5));
 }
+
+#[test]
+fn the_bytes_created_released_allocated_and_freed_are_counted() {
+    // The cost model's per-GiB terms price these; a call that fails counts no bytes.
+    let d = sim(16 * MIB, false);
+    let p = d.create_page(PAGE).unwrap();
+    let q = d.create_page(2 * PAGE).unwrap();
+    d.release_page(p).unwrap();
+    let plain = d.alloc_plain(4 * MIB).unwrap();
+    d.free_plain(plain).unwrap();
+    assert_eq!(d.create_page(64 * MIB), Err(DeviceError::OutOfMemory));
+    let c = d.counters();
+    assert_eq!(
+        (
+            c.mem_create_bytes,
+            c.mem_release_bytes,
+            c.mem_alloc_bytes,
+            c.mem_free_bytes
+        ),
+        (3 * PAGE, PAGE, 4 * MIB, 4 * MIB)
+    );
+    assert_eq!(c.mem_create, 3);
+    d.release_page(q).unwrap();
+    assert_eq!(d.counters().since(&c).mem_release_bytes, 2 * PAGE);
+}

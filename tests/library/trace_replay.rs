@@ -669,6 +669,8 @@ fn native_call_counts_match_a_hand_count() {
         native::simulate_timed(&t, &NativeOptions::new(60 * MIB), &timing, &mut |_, _| {}).unwrap();
     let c = r.calls;
     assert_eq!((c.mem_alloc, c.mem_free), (4, 2), "{c:?}");
+    // Segments of 2, 20, 30 and 36 MiB; the 20 and 30 MiB ones freed.
+    assert_eq!((c.mem_alloc_bytes, c.mem_free_bytes), (88 * MIB, 50 * MIB));
     assert_eq!(c.total(), 6);
     assert_eq!(
         r.modelled_stall_s, 0.001,
@@ -690,6 +692,8 @@ fn native_call_counts_match_a_hand_count() {
     assert_eq!(c.mem_create, 2 + 1 + 1, "{c:?}");
     assert_eq!(c.mem_map, c.mem_create);
     assert_eq!(c.set_access, 3);
+    assert_eq!(c.set_access_handles, 4);
+    assert_eq!(c.mem_create_bytes, (2 * 20 + 2 + 20) * MIB);
     assert_eq!(
         (c.mem_unmap, c.mem_release, c.stream_synchronize),
         (0, 0, 0)

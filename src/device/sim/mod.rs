@@ -337,6 +337,7 @@ impl Device for SimDevice {
             return Err(SimCall::Create.injected_error());
         }
         s.charge(size)?;
+        s.counters.mem_create_bytes += size;
         let offset = match s.backing.as_mut().map(|b| b.alloc(size)) {
             None => 0,
             Some(Ok(offset)) => offset,
@@ -388,6 +389,7 @@ impl Device for SimDevice {
         s.note_graph_page_release(page.0);
         let p = s.pages.remove(&page.0).expect("checked above");
         s.used -= p.size;
+        s.counters.mem_release_bytes += p.size;
         if let Some(b) = s.backing.as_mut() {
             b.free(p.offset, p.size);
         }
@@ -444,6 +446,7 @@ impl Device for SimDevice {
         };
         match ptr {
             Ok(ptr) => {
+                s.counters.mem_alloc_bytes += size;
                 s.plain.insert(ptr, size);
                 Ok(ptr)
             }
@@ -467,6 +470,7 @@ impl Device for SimDevice {
             )));
         };
         s.note_busy_release("cuMemFree", ptr, size);
+        s.counters.mem_free_bytes += size;
         s.plain.remove(&ptr);
         s.used -= size;
         if s.backing.is_some() {
