@@ -248,4 +248,18 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn the_h200_costs_file_reads_and_overrides_every_kind() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/costs/h200.txt");
+        let h = DriverCosts::load(&path).unwrap();
+        let d = DriverCosts::default();
+        for (i, &(name, _)) in DriverCounters::default().entries().iter().enumerate() {
+            assert_ne!(h.us[i], d.us[i], "{name} keeps the A100 default");
+        }
+        for name in ["cuMemCreate", "cuMemRelease", "cuMemAlloc", "cuMemFree"] {
+            let i = kind_index(name).unwrap();
+            assert!(h.per_gib_us[i] > 0.0, "{name} has no per-GiB term");
+        }
+    }
 }
