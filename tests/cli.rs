@@ -581,7 +581,12 @@ fn calls_after(line: &str, key: &str, from: usize) -> Vec<(String, f64)> {
 fn timing_options_reach_the_json() {
     let dir = scratch("timing");
     let costs = dir.join("costs.txt");
-    std::fs::write(&costs, "# slower maps\ncuMemMap = 10\ncudaMalloc: 100\n").unwrap();
+    std::fs::write(
+        &costs,
+        "# slower maps\ncuMemMap = 10\ncudaMalloc: 100\ncuMemCreate per GiB = 40\n\
+         cudaMalloc per GiB = 70\n",
+    )
+    .unwrap();
     let o = torch_arena(&[
         "replay",
         "--json",
@@ -602,7 +607,8 @@ fn timing_options_reach_the_json() {
     assert_eq!(num_after(line, "gpu_lag_us", 0), 500.0);
     assert_eq!(num_after(line, "repeat", 0), 3.0);
     assert!(line.contains(&format!("\"driver_costs\": \"{}\"", costs.display())));
-    // Counts by kind add up to driver_calls, and modelled time is Σ count × latency.
+    // Counts by kind add up to driver_calls, and modelled time is Σ count × latency, with grants
+    // priced per handle and the per-GiB terms on the bytes the calls covered.
     let latency = |k: &str| match k {
         "cuMemAddressReserve" | "cuMemAddressFree" => 19.0,
         "cuMemCreate" => 193.0,
@@ -621,7 +627,19 @@ fn timing_options_reach_the_json() {
         let total: f64 = calls.iter().map(|(_, n)| n).sum();
         assert_eq!(total, num_after(line, &format!("{prefix}driver_calls"), 0));
         assert!(total > 0.0);
-        let secs: f64 = calls.iter().map(|(k, n)| n * latency(k)).sum::<f64>() / 1e6;
+        let covered = calls_after(line, &format!("{prefix}driver_calls_covered"), 0);
+        let cov = |k: &str| covered.iter().find(|(n, _)| n == k).unwrap().1;
+        let grants = cov("set_access_handles")
+            .max(calls.iter().find(|(k, _)| k == "cuMemSetAccess").unwrap().1);
+        let per_call: f64 = calls
+            .iter()
+            .filter(|(k, _)| k != "cuMemSetAccess")
+            .map(|(k, n)| n * latency(k))
+            .sum();
+        let gib = |b: f64| b / (1u64 << 30) as f64;
+        let sized = gib(cov("mem_create_bytes")) * 40.0 + gib(cov("mem_alloc_bytes")) * 70.0;
+        let secs = (per_call + grants * latency("cuMemSetAccess") + sized) / 1e6;
+        assert!(sized > 0.0, "{prefix}: the per-GiB terms priced nothing");
         let got = num_after(line, &format!("{prefix}modelled_driver_s"), 0);
         assert!((got - secs).abs() < 1e-9, "{prefix}: {got} vs {secs}");
     }

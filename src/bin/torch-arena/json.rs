@@ -15,6 +15,20 @@ pub(crate) fn calls_json(c: &DriverCounters) -> String {
     j.finish()
 }
 
+/// What the calls covered, beside their counts: the handles the grants covered and the bytes
+/// created, released, allocated and freed (what the cost model's per-handle and per-GiB terms
+/// price; see `src/device/costs.rs`).
+pub(crate) fn covered_json(c: &DriverCounters) -> String {
+    let [handles, created, released, allocated, freed] = c.extras();
+    JsonObject::new()
+        .num("set_access_handles", handles)
+        .num("mem_create_bytes", created)
+        .num("mem_release_bytes", released)
+        .num("mem_alloc_bytes", allocated)
+        .num("mem_free_bytes", freed)
+        .finish()
+}
+
 /// Steps as a JSON array (see `--json`).
 pub(crate) fn steps_json(steps: &[StepStats]) -> String {
     let items: Vec<String> = steps

@@ -127,12 +127,16 @@ replay options:
                     native_emulated_peak_reserved_bytes, native_emulated_oom_event,
                     native_emulated_fragmentation, native_emulated_elapsed_s, elapsed_s,
                     ns_per_event, events_per_s, driver_calls, driver_calls_by_kind (CUDA driver
-                    API name -> count; they add up to driver_calls), modelled_driver_s (calls
-                    x latency), modelled_stall_s (host blocked waiting for the GPU), steps (one
+                    API name -> count; they add up to driver_calls), driver_calls_covered
+                    (set_access_handles, mem_create_bytes, mem_release_bytes,
+                    mem_alloc_bytes, mem_free_bytes: what the calls covered),
+                    modelled_driver_s (calls x latency, grants per handle, plus any per-GiB
+                    terms), modelled_stall_s (host blocked waiting for the GPU), steps (one
                     object per step: driver_calls, driver_calls_by_kind, modelled_driver_s,
                     modelled_stall_s, peak_requested_bytes, peak_reserved_bytes), gpu_lag_us,
                     repeat, driver_costs (where the latencies came from), native_driver_calls,
-                    native_driver_calls_by_kind, native_modelled_driver_s,
+                    native_driver_calls_by_kind, native_driver_calls_covered,
+                    native_modelled_driver_s,
                     native_modelled_stall_s, native_driver_calls_from (emulated with --native,
                     else recorded: the snapshot's segment events, at least one call each),
                     native_steps (as steps, for the emulation), error; null where unknown. A

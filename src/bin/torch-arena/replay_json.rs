@@ -87,6 +87,7 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                         )
                         .num("driver_calls", r.driver_calls)
                         .raw("driver_calls_by_kind", &calls_json(&r.calls))
+                        .raw("driver_calls_covered", &covered_json(&r.calls))
                         .float("modelled_driver_s", r.modelled_driver_s)
                         .float("modelled_stall_s", r.modelled_stall_s)
                         .raw("steps", &steps_json(&r.steps));
@@ -97,6 +98,7 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                         .raw("events_per_s", "null")
                         .raw("driver_calls", "null")
                         .raw("driver_calls_by_kind", "null")
+                        .raw("driver_calls_covered", "null")
                         .raw("modelled_driver_s", "null")
                         .raw("modelled_stall_s", "null")
                         .raw("steps", "null");
@@ -114,6 +116,10 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                 .raw(
                     "native_driver_calls_by_kind",
                     &native_calls.map_or_else(|| "null".into(), |c| calls_json(&c)),
+                )
+                .raw(
+                    "native_driver_calls_covered",
+                    &native_calls.map_or_else(|| "null".into(), |c| covered_json(&c)),
                 )
                 .opt_float(
                     "native_modelled_driver_s",
