@@ -114,7 +114,8 @@ pub struct Config {
     /// Python package); `None` = no recording.
     pub trace: Option<String>,
     /// `driver_costs:PATH`: latencies of the driver calls for the lab's cost model
-    /// (`torch-arena replay`; see `src/device/costs.rs`); `None` = the A100 defaults.
+    /// (`torch-arena replay`; see `src/device/costs.rs`); `None` = the defaults, measured on an
+    /// H200.
     pub driver_costs: Option<String>,
     /// `sites:none|python|native|all|auto`: which allocation sites are captured; `None` = `auto`
     /// (not given: see [`Config::effective_sites`]).
@@ -398,7 +399,8 @@ const KEY_DEFS: [KeyDef; 20] = [
     KeyDef {
         name: "driver_costs",
         help: "torch-arena replay only: a file of driver call latencies (NAME = MICROSECONDS per \
-               line) that prices the simulated device's calls (default: the A100 figures)",
+               line) that prices the simulated device's calls (default: the figures measured \
+               on an H200)",
         forms: "a file path without ',', ':', '[' or ']'",
         set: |c, v| {
             c.driver_costs = Some(v.to_string()).filter(|p| !p.is_empty());

@@ -1,31 +1,39 @@
 //! What driver calls would cost on a real GPU: a latency per call kind, which turns the counts a
 //! [`Device`](super::Device) keeps ([`DriverCounters`]) into modelled seconds.
 //!
-//! The defaults are the A100 column of `reference/vmm-costs.md` ([K1]: kvcached's `bench_vmm`,
-//! A100 80GB, one thread, 2 MiB pages, averages). Where no measured figure exists the default is
-//! an **assumption**, marked as such below and in `BENCHMARKS.md`:
+//! The defaults were measured on an NVIDIA H200 (CUDA driver API 13.0, 2026-11-26) by
+//! `bench/driver_costs.py`, run by `scripts/gpu-check`: per call kind, the median of three rounds'
+//! means, one thread, idle GPU, 2 MiB handles (`bench/results/driver-costs-2026-11-26-H200-*.json`;
+//! BENCHMARKS.md, "On a GPU"). The rounds differ by up to 1.5×: these are one machine's figures,
+//! not a law. `bench/costs/h200.txt` is the same table as a costs file.
 //!
-//! | call | µs | source |
-//! |---|---:|---|
-//! | cuMemAddressReserve | 19 | [K1] (8 GB reservation) |
-//! | cuMemAddressFree | 19 | assumption: as cuMemAddressReserve |
-//! | cuMemCreate | 193 | [K1], 2 MiB |
-//! | cuMemRelease | 26 | assumption: not timed in [K1]; as cuMemUnmap |
-//! | cuMemMap | 1.45 | [K1], 2 MiB |
-//! | cuMemSetAccess | 36 | [K1], 2 MiB |
-//! | cuMemUnmap | 25.6 | [K1], 2 MiB |
-//! | cuMemAlloc (cudaMalloc) | 230 | assumption: create + map + set access of one 2 MiB chunk |
-//! | cuMemFree (cudaFree) | 52 | assumption: unmap + release; its device synchronisation is modelled as a stall, not here |
-//! | cuEventCreate, cuEventRecord, cuEventSynchronize, cuStreamSynchronize, cuCtxSynchronize | 2 | assumption (call overhead; any wait for the GPU is a stall) |
-//! | cuEventDestroy, cuEventQuery, cuMemGetInfo | 1 | assumption |
+//! | call | µs per call | µs per GiB |
+//! |---|---:|---:|
+//! | cuMemAddressReserve (8 GiB) | 3.25 | |
+//! | cuMemAddressFree | 2.1 | |
+//! | cuMemCreate | 13.54 | 27.5 |
+//! | cuMemRelease | 11.2 | 375.5 |
+//! | cuMemMap | 3.1 | |
+//! | cuMemSetAccess, per handle it covers | 33.04 | |
+//! | cuMemUnmap | 18.21 | |
+//! | cuMemAlloc (cudaMalloc) | 39.91 | 55.4 |
+//! | cuMemFree (cudaFree) | 34.77 | 358.7 |
+//! | cuEventCreate / Destroy / Record / Query | 1.03 / 0.55 / 1.53 / 0.62 | |
+//! | cuEventSynchronize / cuStreamSynchronize / cuCtxSynchronize, idle | 4.58 / 0.63 / 0.73 | |
+//! | cuMemGetInfo | 5.81 | |
 //!
-//! No measured cudaMalloc/cudaFree latency on A100/H100 was found (reference, last section);
-//! each call is priced at one figure whatever its size, which flatters a few large segments.
+//! - A cuMemSetAccess is priced per handle it covers ([`DriverCounters::set_access_handles`]):
+//!   one grant over a run of k handles cost k single grants.
+//! - The per-GiB terms are the slopes between 2 MiB and 200 MiB (create, release) or 1 GiB
+//!   (cudaMalloc, cudaFree), on the bytes those calls handled. The per-call figure stays the
+//!   2 MiB one.
+//! - A wait for the GPU is not a latency here: cudaFree waited for queued work on the H200, and
+//!   the replay models that wait as a stall. The VMM calls did not wait.
 //!
-//! A cuMemSetAccess is priced per handle it covers ([`DriverCounters::set_access_handles`]):
-//! on an H200 one grant over a run of k handles cost k single grants. Every figure of the table
-//! was measured on an H200 too (`bench/driver_costs.py`, run by `scripts/gpu-check`); the file
-//! `bench/costs/h200.txt` holds them for `--driver-costs` (BENCHMARKS.md, "On a GPU").
+//! Until 2026-11-26 the defaults were the A100 column of `reference/vmm-costs.md` ([K1]: kvcached's
+//! `bench_vmm`), with assumptions where it measured nothing (cudaMalloc 230 µs, cudaFree 52 µs).
+//! `bench/costs/a100.txt` holds them: the results in BENCHMARKS.md from before that date were
+//! priced by them, and `--driver-costs bench/costs/a100.txt` prices a replay the same way again.
 //!
 //! A costs file (`--driver-costs FILE`, conf key `driver_costs:FILE`) overrides any of these:
 //! one `NAME = MICROSECONDS` per line (`NAME: MICROSECONDS` also accepted), `#` starts a comment,
@@ -52,33 +60,38 @@ pub struct DriverCosts {
     pub source: String,
 }
 
-/// The A100 defaults, in the order of [`DriverCounters::entries`].
-const A100_US: [f64; KINDS] = [
-    19.0,  // cuMemAddressReserve [K1]
-    19.0,  // cuMemAddressFree (assumption)
-    193.0, // cuMemCreate [K1]
-    26.0,  // cuMemRelease (assumption)
-    1.45,  // cuMemMap [K1]
-    25.6,  // cuMemUnmap [K1]
-    36.0,  // cuMemSetAccess [K1]
-    230.0, // cuMemAlloc (assumption)
-    52.0,  // cuMemFree (assumption)
-    2.0,   // cuEventCreate (assumption)
-    1.0,   // cuEventDestroy (assumption)
-    2.0,   // cuEventRecord (assumption)
-    1.0,   // cuEventQuery (assumption)
-    2.0,   // cuEventSynchronize (assumption)
-    2.0,   // cuStreamSynchronize (assumption)
-    2.0,   // cuCtxSynchronize (assumption)
-    1.0,   // cuMemGetInfo (assumption)
+/// The defaults, measured on an H200, in the order of [`DriverCounters::entries`].
+const H200_US: [f64; KINDS] = [
+    3.25,  // cuMemAddressReserve
+    2.1,   // cuMemAddressFree
+    13.54, // cuMemCreate
+    11.2,  // cuMemRelease
+    3.1,   // cuMemMap
+    18.21, // cuMemUnmap
+    33.04, // cuMemSetAccess (per handle)
+    39.91, // cuMemAlloc
+    34.77, // cuMemFree
+    1.03,  // cuEventCreate
+    0.55,  // cuEventDestroy
+    1.53,  // cuEventRecord
+    0.62,  // cuEventQuery
+    4.58,  // cuEventSynchronize
+    0.63,  // cuStreamSynchronize
+    0.73,  // cuCtxSynchronize
+    5.81,  // cuMemGetInfo
+];
+
+/// Microseconds per GiB on top of [`H200_US`], for the kinds that count their bytes.
+const H200_PER_GIB_US: [f64; KINDS] = [
+    0.0, 0.0, 27.5, 375.5, 0.0, 0.0, 0.0, 55.4, 358.7, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
 ];
 
 impl Default for DriverCosts {
     fn default() -> Self {
         DriverCosts {
-            us: A100_US,
-            per_gib_us: [0.0; KINDS],
-            source: "A100 defaults (reference/vmm-costs.md)".to_string(),
+            us: H200_US,
+            per_gib_us: H200_PER_GIB_US,
+            source: "H200 defaults (measured; bench/costs/h200.txt)".to_string(),
         }
     }
 }
@@ -211,13 +224,13 @@ mod tests {
             ..Default::default()
         };
         let d = DriverCosts::default();
-        let want = (10.0 * 193.0 + 4.0 * 1.45 + 4.0 * 36.0 + 2.0 * 25.6) / 1e6;
+        let want = (10.0 * 13.54 + 4.0 * 3.1 + 4.0 * 33.04 + 2.0 * 18.21) / 1e6;
         assert!((d.seconds(&c) - want).abs() < 1e-12);
         let o = DriverCosts::parse("# test\ncuMemCreate = 7.6\ncudaMalloc: 100us\n", "t").unwrap();
         assert_eq!(o.get("cuMemCreate"), Some(7.6));
         assert_eq!(o.get("cuMemAlloc"), Some(100.0));
-        assert_eq!(o.get("cuMemMap_v2"), Some(1.45));
-        let want = (10.0 * 7.6 + 4.0 * 1.45 + 4.0 * 36.0 + 2.0 * 25.6) / 1e6;
+        assert_eq!(o.get("cuMemMap_v2"), Some(3.1));
+        let want = (10.0 * 7.6 + 4.0 * 3.1 + 4.0 * 33.04 + 2.0 * 18.21) / 1e6;
         assert!((o.seconds(&c) - want).abs() < 1e-12);
         assert!(
             DriverCosts::parse("cuMemFoo = 1", "t")
@@ -230,7 +243,7 @@ mod tests {
             set_access_handles: 9,
             ..c
         };
-        let want = (10.0 * 193.0 + 4.0 * 1.45 + 9.0 * 36.0 + 2.0 * 25.6) / 1e6;
+        let want = (10.0 * 13.54 + 4.0 * 3.1 + 9.0 * 33.04 + 2.0 * 18.21) / 1e6;
         assert!((d.seconds(&runs) - want).abs() < 1e-12);
         assert!(DriverCosts::parse("cuMemMap 1", "t").is_err());
         // A per-GiB term, for the kinds that count their bytes.
@@ -241,7 +254,8 @@ mod tests {
             ..Default::default()
         };
         assert!((f.seconds(&freed) - (3.0 * 30.0 + 1.5 * 350.0) / 1e6).abs() < 1e-12);
-        assert_eq!(DriverCosts::default().seconds(&freed), 3.0 * 52.0 / 1e6);
+        let want = (3.0 * 34.77 + 1.5 * 358.7) / 1e6;
+        assert!((DriverCosts::default().seconds(&freed) - want).abs() < 1e-12);
         let err = DriverCosts::parse("cuMemMap per GiB = 1", "t").unwrap_err();
         assert!(
             err.contains("cuMemMap per GiB") && err.contains("cuMemFree"),
@@ -250,16 +264,29 @@ mod tests {
     }
 
     #[test]
-    fn the_h200_costs_file_reads_and_overrides_every_kind() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/costs/h200.txt");
-        let h = DriverCosts::load(&path).unwrap();
+    fn the_costs_files_are_the_defaults_and_the_former_defaults() {
+        let file = |name: &str| {
+            DriverCosts::load(
+                &Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("bench/costs")
+                    .join(name),
+            )
+            .unwrap()
+        };
         let d = DriverCosts::default();
-        for (i, &(name, _)) in DriverCounters::default().entries().iter().enumerate() {
-            assert_ne!(h.us[i], d.us[i], "{name} keeps the A100 default");
-        }
+        // bench/costs/h200.txt is the default table, per call and per GiB.
+        let h = file("h200.txt");
+        assert_eq!((h.us, h.per_gib_us), (d.us, d.per_gib_us));
         for name in ["cuMemCreate", "cuMemRelease", "cuMemAlloc", "cuMemFree"] {
-            let i = kind_index(name).unwrap();
-            assert!(h.per_gib_us[i] > 0.0, "{name} has no per-GiB term");
+            assert!(d.per_gib_us[kind_index(name).unwrap()] > 0.0, "{name}");
         }
+        // bench/costs/a100.txt, the defaults before them, differs in every kind and has no
+        // per-GiB term.
+        let a = file("a100.txt");
+        for (i, &(name, _)) in DriverCounters::default().entries().iter().enumerate() {
+            assert_ne!(a.us[i], d.us[i], "{name}");
+        }
+        assert_eq!(a.get("cuMemCreate"), Some(193.0));
+        assert_eq!(a.per_gib_us, [0.0; KINDS]);
     }
 }

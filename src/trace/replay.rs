@@ -80,7 +80,7 @@ pub struct Timing {
 }
 
 impl Default for Timing {
-    /// One pass, no lag (today's replay), the A100 costs.
+    /// One pass, no lag (today's replay), the default costs (measured on an H200).
     fn default() -> Self {
         Timing {
             repeat: 1,

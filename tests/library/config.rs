@@ -497,7 +497,7 @@ fn accepted_keys_is_the_single_table() {
         let default = if *key == "trace" {
             "(default: no recording)"
         } else {
-            "(default: the A100 figures)"
+            "(default: the figures measured on an H200)"
         };
         assert!(help.ends_with(default), "{key}: {help:?}");
     }

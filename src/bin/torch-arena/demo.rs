@@ -145,7 +145,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
                 fmt_count(r.driver_calls),
             ),
             (
-                "Modelled driver time (A100 latencies), host stall",
+                "Modelled driver time (H200 latencies), host stall",
                 format!(
                     "{}, {}",
                     fmt_secs(r.modelled_driver_s),
@@ -309,7 +309,7 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     println!();
     println!(
         "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
-         reserve); driver time: all its calls priced at the A100 latencies (BENCHMARKS.md). A \
+         reserve); driver time: all its calls priced at the H200's measured latencies (BENCHMARKS.md). A \
          warm native allocator makes no memory call in a step that repeats its shapes."
     );
     println!();
