@@ -40,8 +40,9 @@
 //! names as in [`DriverCounters::entries`] (`cudaMalloc`/`cudaFree` are accepted for
 //! `cuMemAlloc`/`cuMemFree`, and a `_v2` suffix is ignored). `NAME per GiB = MICROSECONDS` adds a
 //! term per GiB the calls of that kind handled, for the kinds whose bytes are counted
-//! (cuMemCreate, cuMemRelease, cuMemAlloc, cuMemFree); the defaults have none (nothing was
-//! measured on an A100).
+//! (cuMemCreate, cuMemRelease, cuMemAlloc, cuMemFree); a file's lines replace the defaults' terms
+//! of the kinds they name, and `bench/costs/a100.txt` sets all four to 0 (nothing was measured by
+//! size on an A100).
 
 use std::path::Path;
 
@@ -54,9 +55,10 @@ pub const KINDS: usize = 17;
 #[derive(Clone, Debug, PartialEq)]
 pub struct DriverCosts {
     pub us: [f64; KINDS],
-    /// Microseconds per GiB the calls of a kind handled, on top of `us` (0 where not given).
+    /// Microseconds per GiB the calls of a kind handled, on top of `us` (0 for the kinds that do
+    /// not count bytes).
     pub per_gib_us: [f64; KINDS],
-    /// Where the figures came from ("A100 defaults" or the file).
+    /// Where the figures came from ("H200 defaults ..." or the file).
     pub source: String,
 }
 
