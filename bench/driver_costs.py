@@ -191,6 +191,10 @@ class Bench:
         )
         return va.value
 
+    def grant(self, at: int, size: int) -> int:
+        """cuMemSetAccess: read/write for this device over ``size`` bytes at ``at``."""
+        return self.drv.cuMemSetAccess(at, size, ctypes.byref(self.access), 1)
+
     def create(self, size: int) -> tuple[int, float]:
         h = ctypes.c_uint64()
         drv = self.drv
@@ -225,17 +229,7 @@ class Bench:
                 t["map"].append(timed(drv, "cuMemMap", drv.cuMemMap, at, size, 0, h, 0))
             for i in range(n):
                 at = base + i * size
-                t["set_access"].append(
-                    timed(
-                        drv,
-                        "cuMemSetAccess",
-                        drv.cuMemSetAccess,
-                        at,
-                        size,
-                        ctypes.byref(self.access),
-                        1,
-                    )
-                )
+                t["set_access"].append(timed(drv, "cuMemSetAccess", self.grant, at, size))
             for i in range(n):
                 at = base + i * size
                 t["unmap"].append(timed(drv, "cuMemUnmap", drv.cuMemUnmap, at, size))
@@ -267,17 +261,7 @@ class Bench:
             for _ in range(self.reps(16)):
                 for i, h in enumerate(handles):
                     drv.check("cuMemMap", drv.cuMemMap(base + i * size, size, 0, h, 0))
-                grant.append(
-                    timed(
-                        drv,
-                        "cuMemSetAccess",
-                        drv.cuMemSetAccess,
-                        base,
-                        size * n,
-                        ctypes.byref(self.access),
-                        1,
-                    )
-                )
+                grant.append(timed(drv, "cuMemSetAccess", self.grant, base, size * n))
                 unmap.append(timed(drv, "cuMemUnmap", drv.cuMemUnmap, base, size * n))
         finally:
             for h in handles:
@@ -414,9 +398,7 @@ class Bench:
             base = self.reserve(size)
             h, _ = self.create(size)
             drv.check("cuMemMap", drv.cuMemMap(base, size, 0, h, 0))
-            drv.check(
-                "cuMemSetAccess", drv.cuMemSetAccess(base, size, ctypes.byref(self.access), 1)
-            )
+            drv.check("cuMemSetAccess", self.grant(base, size))
             return base, h
 
         def unmapped(state: tuple[int, int]) -> None:
@@ -449,7 +431,7 @@ class Bench:
         def map_grant(state: tuple[int, int]) -> int:
             base, h = state
             rc = drv.cuMemMap(base, size, 0, h, 0)
-            return rc or drv.cuMemSetAccess(base, size, ctypes.byref(self.access), 1)
+            return rc or self.grant(base, size)
 
         def fresh() -> tuple[int, int]:
             return self.reserve(size), self.create(size)[0]

@@ -30,8 +30,9 @@
 //! - A wait for the GPU is not a latency here: cudaFree waited for queued work on the H200, and
 //!   the replay models that wait as a stall. The VMM calls did not wait.
 //!
-//! Until 2026-11-26 the defaults were the A100 column of `reference/vmm-costs.md` ([K1]: kvcached's
-//! `bench_vmm`), with assumptions where it measured nothing (cudaMalloc 230 µs, cudaFree 52 µs).
+//! Until 2026-11-26 the defaults were the A100 column of `reference/vmm-costs.md`
+//! (\[K1\]: kvcached's `bench_vmm`), with assumptions where it measured nothing (cudaMalloc
+//! 230 µs, cudaFree 52 µs).
 //! `bench/costs/a100.txt` holds them: the results in BENCHMARKS.md from before that date were
 //! priced by them, and `--driver-costs bench/costs/a100.txt` prices a replay the same way again.
 //!

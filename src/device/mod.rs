@@ -249,8 +249,9 @@ pub struct MapRunError {
 
 /// The protocol of [`Device::map_run`], one place for every implementation: `map` each handle
 /// at consecutive addresses from `va` until one fails, then `grant` access to what was mapped (a
-/// range of `len` bytes from `va`, covering `handles` handles); if the grant fails, `undo` that range (true when it is
-/// unmapped again). Each step gets `cx`, the implementation's state (its lock guard, say).
+/// range of `len` bytes from `va`, covering `handles` handles); if the grant fails, `undo` that
+/// range (true when it is unmapped again). Each step gets `cx`, the implementation's state (its
+/// lock guard, say).
 pub(crate) fn map_run_with<C>(
     cx: &mut C,
     va: DevPtr,
@@ -311,10 +312,11 @@ pub trait Device: Send + Sync {
     /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
     /// device read/write access to the whole run: one cuMemMap per handle, then one
     /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; on an H200 such a
-    /// grant costs what one grant per handle would, so it saves calls, not time). On failure, says how many leading handles stay mapped, and accessible:
-    /// the implementation grants access to what it mapped before the failure, or, if that fails
-    /// too, unmaps it (a prefix that can be neither is reported mapped, so it is never taken for
-    /// unmapped memory). The default maps handle by handle with [`Device::map`].
+    /// grant costs what one grant per handle would, so it saves calls, not time). On failure,
+    /// says how many leading handles stay mapped, and accessible: the implementation grants
+    /// access to what it mapped before the failure, or, if that fails too, unmaps it (a prefix
+    /// that can be neither is reported mapped, so it is never taken for unmapped memory). The
+    /// default maps handle by handle with [`Device::map`].
     fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
         // `map` grants access itself: nothing to grant for the run, nothing to undo.
         map_run_with(

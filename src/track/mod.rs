@@ -10,10 +10,10 @@
 //! stream, thread (a small per-thread number from a thread-local), sequence number (a global
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
 //! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
-//! thread's stack, interned) and site (0 when not captured). The live table is per device and sharded by
-//! pointer into [`SHARDS`] open-addressing tables (`crate::ptr_table`), each behind its own spin lock:
-//! threads freeing different pointers rarely meet on a lock. Per-site live bytes and
-//! counts (for leak judgement) are touched only for allocations that have a site.
+//! thread's stack, interned) and site (0 when not captured). The live table is per device and
+//! sharded by pointer into [`SHARDS`] open-addressing tables (`crate::ptr_table`), each behind its
+//! own spin lock: threads freeing different pointers rarely meet on a lock. Per-site live bytes
+//! and counts (for leak judgement) are touched only for allocations that have a site.
 //!
 //! # Steps
 //!

@@ -52,6 +52,9 @@ def test_training_losses_are_bit_identical_native_vs_arena(workload):
 # Steady state (issue 13): a warm step makes no memory driver call.
 
 
+_STEPS: dict[str, tuple[dict, dict]] = {}
+
+
 def _steps(workload) -> tuple[dict, dict]:
     """The steps workload under both allocators, run once per session. With OUT set, both runs'
     allocations come back for the lab: PyTorch's snapshot of the native run, torch-arena's own
@@ -65,9 +68,6 @@ def _steps(workload) -> tuple[dict, dict]:
             workload("steps", arena=True, **arena_env),
         )
     return _STEPS["steps"]
-
-
-_STEPS: dict[str, tuple[dict, dict]] = {}
 
 
 @pytest.mark.exclusive

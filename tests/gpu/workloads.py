@@ -121,6 +121,16 @@ class TinyLM(torch.nn.Module):
         return self.head(self.norm(x))
 
 
+def lm_step(model: TinyLM, opt: Any, chunk: torch.Tensor, vocab: int) -> torch.Tensor:
+    """One training step of next-token prediction on ``chunk`` (batch, length + 1); the loss."""
+    logits = model(chunk[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 @workload
 def train(device: str) -> dict[str, Any]:
     """30 AdamW steps of TinyLM on fixed random tokens; the losses as exact hex floats."""
@@ -140,13 +150,7 @@ def train(device: str) -> dict[str, Any]:
     losses, t0 = [], time.perf_counter()
     for step in range(steps):
         chunk = data[step].to(device)
-        logits = model(chunk[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = lm_step(model, opt, chunk, vocab)
         losses.append(float(loss.item()).hex())
     result: dict[str, Any] = {"losses": losses, "seconds": time.perf_counter() - t0}
     if device.startswith("cuda"):
@@ -217,13 +221,7 @@ def steps(device: str) -> dict[str, Any]:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         chunk = torch.randint(0, vocab, (batch, length + 1), device=device)
-        logits = model(chunk[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = lm_step(model, opt, chunk, vocab)
         loss.item()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1000
@@ -689,13 +687,7 @@ def clean_gpt(device: str) -> dict[str, Any]:
     history = []
     for _ in range(16):
         chunk = torch.randint(0, vocab, (batch, seq + 1), device=device)
-        logits = model(chunk[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = lm_step(model, opt, chunk, vocab)
         history.append(loss.item())
     return _leak_result(None, None)
 

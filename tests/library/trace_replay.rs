@@ -568,9 +568,9 @@ fn timed(capacity: u64, repeat: u32, lag_ns: u64) -> ReplayOptions {
     }
 }
 
-/// Whether `c` has calls only of the kinds `counts_by_kind_are_the_devices_counters_and_priced_by_the_table`
-/// prices by hand.
-fn c_has_no_other_calls(c: &DriverCounters) -> bool {
+/// Whether `c` has calls only of the kinds the hand count in
+/// `counts_by_kind_are_the_devices_counters_and_priced_by_the_table` prices.
+fn only_hand_priced_kinds(c: &DriverCounters) -> bool {
     c.address_free
         + c.mem_alloc
         + c.mem_free
@@ -630,7 +630,7 @@ fn counts_by_kind_are_the_devices_counters_and_priced_by_the_table() {
             + c.event_query as f64 * 0.62)
             / 1e6
     };
-    assert!(c_has_no_other_calls(&r.calls), "{:?}", r.calls);
+    assert!(only_hand_priced_kinds(&r.calls), "{:?}", r.calls);
     assert!((r.modelled_driver_s - by_hand(&r.calls, 13.54)).abs() < 1e-9);
     let mut o2 = o.clone();
     o2.timing.costs = DriverCosts::parse("cuMemCreate = 7.6\n", "test").unwrap();

@@ -309,8 +309,9 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     println!();
     println!(
         "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
-         reserve); driver time: all its calls priced at the H200's measured latencies (BENCHMARKS.md). A \
-         warm native allocator makes no memory call in a step that repeats its shapes."
+         reserve); driver time: all its calls priced at the H200's measured latencies \
+         (BENCHMARKS.md). A warm native allocator makes no memory call in a step that repeats \
+         its shapes."
     );
     println!();
     print!("{}", arena.summary(0, false).map_err(|e| e.to_string())?);
