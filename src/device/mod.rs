@@ -80,8 +80,9 @@ pub struct DriverCounters {
     pub set_access_handles: u64,
     /// Bytes created, released, allocated (cuMemAlloc) and freed (cuMemFree). On an H200 these
     /// calls take longer the larger they are (cuMemFree: 30 µs at 2 MiB, 388 at 1 GiB), so the
-    /// cost model may price a byte term. Counted by the simulated device and the native
-    /// emulation, where the lab prices them; the CUDA device leaves them 0.
+    /// cost model may price a byte term. Counted where the lab prices them: the simulated
+    /// device, the native emulation and a snapshot's recorded segment events; the CUDA device
+    /// leaves them 0.
     pub mem_create_bytes: u64,
     pub mem_release_bytes: u64,
     pub mem_alloc_bytes: u64,

@@ -131,8 +131,8 @@ pub(crate) struct TraceInfo {
     pub(crate) native_recorded_calls: Option<DriverCounters>,
 }
 
-/// The native allocator's recorded segment events as driver calls (see
-/// `TraceInfo::native_recorded_calls`); `None` when the trace has none.
+/// The native allocator's recorded segment events as driver calls, with the bytes they reserved
+/// and released (see `TraceInfo::native_recorded_calls`); `None` when the trace has none.
 pub(crate) fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
     let n = trace.native.as_ref().filter(|n| !n.changes.is_empty())?;
     let mut c = DriverCounters::default();
@@ -140,8 +140,10 @@ pub(crate) fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
     for &(_, bytes) in &n.changes {
         if bytes > prev {
             c.mem_alloc += 1;
+            c.mem_alloc_bytes += bytes - prev;
         } else if bytes < prev {
             c.mem_free += 1;
+            c.mem_free_bytes += prev - bytes;
         }
         prev = bytes;
     }

@@ -343,6 +343,23 @@ const FIELDS: &[&str] = &[
     "error",
 ];
 
+/// A snapshot's segment events priced as the emulation's are: one call per change of the
+/// reserved bytes, and the bytes each reserved or released (for the per-GiB terms).
+#[test]
+fn recorded_segment_events_count_calls_and_bytes() {
+    let mib = 1u64 << 20;
+    let mut trace = torch_arena::trace::synth::rmm_random(4, mib, 1);
+    trace.native = Some(torch_arena::trace::NativeReserved {
+        initial: 2 * mib,
+        changes: vec![(0, 22 * mib), (1, 42 * mib), (2, 20 * mib), (3, 20 * mib)],
+        peak: 42 * mib,
+        ..Default::default()
+    });
+    let c = crate::replay::recorded_calls(&trace).unwrap();
+    assert_eq!((c.mem_alloc, c.mem_free), (2, 1));
+    assert_eq!((c.mem_alloc_bytes, c.mem_free_bytes), (40 * mib, 22 * mib));
+}
+
 #[test]
 fn json_lines_parse_back() {
     let s = ReplaySettings::new(Some(false));
