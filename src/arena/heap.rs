@@ -96,17 +96,55 @@ impl Heap {
         Some(Fit { addr, region, node })
     }
 
-    /// Calls `f` on the free ranges of at least `len` bytes, best fit first, until it returns
-    /// false. For a caller that weighs more than size (the arena prefers ranges whose pages are
-    /// mapped); it then `take`s the one it chose.
-    pub fn each_fit(&self, len: u64, mut f: impl FnMut(Fit) -> bool) {
-        self.by_size.each_at_least(len, |(_, addr, node)| {
-            f(Fit {
-                addr,
-                region: self.nodes[node as usize].region,
-                node,
-            })
+    /// Calls `f` on the free ranges of at least `len` bytes (where, and how long), best fit
+    /// first, until it returns false. For a caller that weighs more than size (the arena prefers
+    /// ranges whose pages are mapped); it then `take`s (or `take_end`s) the one it chose.
+    pub fn each_fit(&self, len: u64, mut f: impl FnMut(Fit, u64) -> bool) {
+        self.by_size.each_at_least(len, |(free, addr, node)| {
+            let region = self.nodes[node as usize].region;
+            f(Fit { addr, region, node }, free)
         });
+    }
+
+    /// Take `len` bytes from the end of free node `n` (one `each_fit` offered): what is left of
+    /// `n` stays free before a new node of those bytes, handed out. Returns where it is.
+    pub fn take_end(&mut self, n: u32, len: u64) -> Fit {
+        let node = self.nodes[n as usize];
+        assert!(
+            node.free && node.len >= len,
+            "taking {len} bytes from a node of {} that is {}",
+            node.len,
+            if node.free { "free" } else { "handed out" }
+        );
+        if node.len == len {
+            self.take(n, len);
+            return Fit {
+                addr: node.addr,
+                region: node.region,
+                node: n,
+            };
+        }
+        self.by_size.remove(&(node.len, node.addr, n));
+        let addr = node.addr + node.len - len;
+        let taken = self.new_node(Node {
+            addr,
+            len,
+            region: node.region,
+            prev: n,
+            next: node.next,
+            free: false,
+        });
+        if node.next != NONE {
+            self.nodes[node.next as usize].prev = taken;
+        }
+        self.nodes[n as usize].next = taken;
+        self.nodes[n as usize].len = node.len - len;
+        self.by_size.insert((node.len - len, node.addr, n));
+        Fit {
+            addr,
+            region: node.region,
+            node: taken,
+        }
     }
 
     /// Take `len` bytes from the start of free node `n` (one `each_fit` offered): `n` becomes
@@ -234,20 +272,20 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Random allocations and frees over two adjacent regions, against a model of which
-        /// units are taken: the heap hands out only free units, best fit first, and keeps its
-        /// invariants after every operation.
+        /// Random allocations (from the start or, `take_end`, the end of the best fit) and frees
+        /// over two adjacent regions, against a model of which units are taken: the heap hands
+        /// out only free units, best fit first, and keeps its invariants after every operation.
         #[test]
         fn it_keeps_its_invariants_and_fits_best(
-            ops in proptest::collection::vec((any::<bool>(), 1u64..40, any::<prop::sample::Index>()), 1..300),
+            ops in proptest::collection::vec((0u8..3, 1u64..40, any::<prop::sample::Index>()), 1..300),
         ) {
             let mut h = Heap::new();
             h.add_region(0, 64, 0);
             h.add_region(64, 64, 1);
             let mut taken = [false; 128];
             let mut live: Vec<(Fit, u64)> = Vec::new();
-            for (alloc, len, pick) in ops {
-                if alloc || live.is_empty() {
+            for (op, len, pick) in ops {
+                if op > 0 || live.is_empty() {
                     // The best fit the model sees: the smallest free run (within one region)
                     // of at least `len`, lowest address among equals.
                     let mut best: Option<(u64, u64)> = None;
@@ -267,8 +305,18 @@ mod tests {
                         }
                         i = j;
                     }
-                    let got = h.alloc(len);
-                    prop_assert_eq!(got.map(|g| g.addr), best.map(|b| b.1));
+                    let got = if op == 2 {
+                        let mut first = None;
+                        h.each_fit(len, |fit, free| {
+                            first = Some((fit, free));
+                            false
+                        });
+                        first.map(|(fit, _)| h.take_end(fit.node, len))
+                    } else {
+                        h.alloc(len)
+                    };
+                    let want = best.map(|(run, at)| if op == 2 { at + run - len } else { at });
+                    prop_assert_eq!(got.map(|g| g.addr), want);
                     if let Some(fit) = got {
                         prop_assert_eq!(u64::from(fit.region), fit.addr / 64);
                         for u in fit.addr..fit.addr + len {

@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// How much longer than a medium block a free range must be for the block to take its end
+/// (`place_large`). Measured on the shared traces, the recording of the GPU suite's steps
+/// workload and `demo-train` at 20 MiB, 64, 256, 512 MiB, 1 and 2 GiB (BENCHMARKS.md, "Policy
+/// variants at a40ef95"): below 1 GiB the rule also moves medium blocks in ranges of a few
+/// dozen MiB, which gains nothing overall and moves traces near a target either way.
+const KEEP_RANGE_BYTES: u64 = 1 << 30;
+
 impl Inner {
     pub(super) fn alloc_large(
         &mut self,
@@ -60,19 +67,35 @@ impl Inner {
 
     /// A large block for stream `s`: among the best fits by size, the one whose range needs the
     /// fewest pages mapped (a freed block of the same size needs none).
+    ///
+    /// A medium block (under [`MEDIUM_BYTES`]) in a free range at least [`KEEP_RANGE_BYTES`]
+    /// longer than itself, other than its region's last (the addresses growth takes), goes to
+    /// the range's end where the pages there are mapped, not to its start. Such a range is most
+    /// often what a large block left, and that block comes back. From the start, the medium block
+    /// would shift the range: once the next block is freed too, the two merge, and the large
+    /// block straddles both blocks' pages, leaving mapped pages that no block of its size fits.
+    /// PyTorch keeps the two apart by packing medium requests into segments of their own.
     pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<Fit> {
-        let mut best: Option<(u64, Fit)> = None;
+        let mut best: Option<(u64, Fit, u64)> = None;
         let mut seen = 0;
-        self.streams[s as usize].large.each_fit(len, |fit| {
+        self.streams[s as usize].large.each_fit(len, |fit, free| {
             let limit = best.map_or(u64::MAX, |b| b.0);
             let missing = self.unmapped_pages(fit.region, fit.addr, len, limit);
             if missing < limit {
-                best = Some((missing, fit));
+                best = Some((missing, fit, free));
             }
             seen += 1;
             missing > 0 && seen < PLACEMENT_CANDIDATES
         });
-        let (_, fit) = best?;
+        let (_, fit, free) = best?;
+        let r = &self.regions[fit.region as usize];
+        let last = fit.addr + free == r.base + r.len;
+        if len < MEDIUM_BYTES && free >= len + KEEP_RANGE_BYTES && !last {
+            let end = fit.addr + free - len;
+            if self.unmapped_pages(fit.region, end, len, 1) == 0 {
+                return Some(self.streams[s as usize].large.take_end(fit.node, len));
+            }
+        }
         self.streams[s as usize].large.take(fit.node, len);
         Some(fit)
     }

@@ -229,6 +229,42 @@ fn free_all_and_trim(arena: &Arena, blocks: impl IntoIterator<Item = u64>) {
 }
 
 #[test]
+fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
+    // Two 2 GiB blocks side by side; the first is freed and a 2 MiB block comes. The freed range
+    // is the smallest that fits it. Taken from the range's start, it would shift the range by
+    // 2 MiB: once the second block is freed too, the next 2 GiB block would straddle both
+    // blocks' pages and leave 2 GiB - 2 MiB of mapped pages no 2 GiB block fits. Taken from its
+    // end, the range stays where the block that freed it was, and both 2 GiB blocks come back
+    // to their own pages with no driver call.
+    const BIG: u64 = 2 << 30;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let a = arena.malloc(BIG, 0).unwrap();
+    let b = arena.malloc(BIG, 0).unwrap();
+    arena.free(a, None, 0).unwrap();
+    let m = arena.malloc(2 << 20, 0).unwrap();
+    assert_eq!(
+        m,
+        a + BIG - (2 << 20),
+        "the 2 MiB block takes the end of the freed range"
+    );
+    arena.free(b, None, 0).unwrap();
+    let before = sim.counters();
+    let c = arena.malloc(BIG, 0).unwrap();
+    arena.free(m, None, 0).unwrap();
+    let d = arena.malloc(BIG, 0).unwrap();
+    assert_eq!(
+        (c, d),
+        (b, a),
+        "each 2 GiB block comes back to a range of its own"
+    );
+    assert_eq!(sim.counters().since(&before).memory_calls(), 0);
+    assert_eq!(arena.stats().reserved_bytes.all().current, 2 * BIG as i64);
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, [c, d]);
+}
+
+#[test]
 fn a_small_workload_grows_in_steps_as_native_does() {
     // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs
     // requests under 10 MiB into 20 MiB segments, so it creates twice; the arena's first step

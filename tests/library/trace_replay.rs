@@ -822,11 +822,14 @@ fn replay_errors_name_the_event() {
 }
 
 /// The steps workload of the GPU suite, recorded by torch-arena on an H200
-/// (`bench/traces/steps-h200-arena.trace.gz`, see BENCHMARKS.md): replayed on the simulated
-/// device, the arena makes the calls the GPU counted (two reservations; 105 handles created,
-/// mapped and granted, none unmapped), and a second pass of the 40 steps makes none.
+/// (`bench/traces/steps-h200-arena.trace.gz`, see BENCHMARKS.md), replayed on the simulated
+/// device. The library that ran on the GPU (a40ef95) made exactly the calls the GPU counted here
+/// (two reservations; 105 handles created, mapped and granted, none unmapped). Since a medium
+/// block takes the end of a long free range (not yet run on a GPU), the lab makes one handle
+/// more, 106, for a lower peak (4.53 GiB against 4.54). A second pass of the 40 steps makes no
+/// call.
 #[test]
-fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pass() {
+fn the_trace_recorded_on_a_gpu_replays_with_one_handle_more_and_a_quiet_second_pass() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("bench/traces/steps-h200-arena.trace.gz");
     let t = torch_arena::trace::load(&path).unwrap();
@@ -841,10 +844,10 @@ fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pa
             first.mem_map,
             first.set_access
         ),
-        (2, 105, 105, 105),
+        (2, 106, 106, 106),
         "{first:?}"
     );
-    assert_eq!(first.set_access_handles, 105);
+    assert_eq!(first.set_access_handles, 106);
     assert_eq!(first.mem_unmap + first.mem_release, 0);
     assert_eq!(r.steps[1].calls.memory_calls(), 0, "{:?}", r.steps[1]);
 }
