@@ -109,14 +109,9 @@ impl Heap {
     /// Take `len` bytes from the end of free node `n` (one `each_fit` offered): what is left of
     /// `n` stays free before a new node of those bytes, handed out. Returns where it is.
     pub fn take_end(&mut self, n: u32, len: u64) -> Fit {
-        let node = self.nodes[n as usize];
-        assert!(
-            node.free && node.len >= len,
-            "taking {len} bytes from a node of {} that is {}",
-            node.len,
-            if node.free { "free" } else { "handed out" }
-        );
-        if node.len == len {
+        let node = self.takeable(n, len);
+        let head = node.len - len;
+        if head == 0 {
             self.take(n, len);
             return Fit {
                 addr: node.addr,
@@ -125,23 +120,10 @@ impl Heap {
             };
         }
         self.by_size.remove(&(node.len, node.addr, n));
-        let addr = node.addr + node.len - len;
-        let taken = self.new_node(Node {
-            addr,
-            len,
-            region: node.region,
-            prev: n,
-            next: node.next,
-            free: false,
-        });
-        if node.next != NONE {
-            self.nodes[node.next as usize].prev = taken;
-        }
-        self.nodes[n as usize].next = taken;
-        self.nodes[n as usize].len = node.len - len;
-        self.by_size.insert((node.len - len, node.addr, n));
+        let taken = self.split(n, head, false);
+        self.by_size.insert((head, node.addr, n));
         Fit {
-            addr,
+            addr: node.addr + head,
             region: node.region,
             node: taken,
         }
@@ -151,6 +133,18 @@ impl Heap {
     /// those bytes, handed out, and what is left of it a new free node after it. Returns the
     /// region.
     pub fn take(&mut self, n: u32, len: u64) -> u32 {
+        let node = self.takeable(n, len);
+        self.by_size.remove(&(node.len, node.addr, n));
+        if node.len > len {
+            let rest = self.split(n, len, true);
+            self.by_size.insert((node.len - len, node.addr + len, rest));
+        }
+        self.nodes[n as usize].free = false;
+        node.region
+    }
+
+    /// Node `n`, which must be free and hold at least `len` bytes.
+    fn takeable(&self, n: u32, len: u64) -> Node {
         let node = self.nodes[n as usize];
         assert!(
             node.free && node.len >= len,
@@ -158,25 +152,28 @@ impl Heap {
             node.len,
             if node.free { "free" } else { "handed out" }
         );
-        self.by_size.remove(&(node.len, node.addr, n));
-        if node.len > len {
-            let rest = self.new_node(Node {
-                addr: node.addr + len,
-                len: node.len - len,
-                region: node.region,
-                prev: n,
-                next: node.next,
-                free: true,
-            });
-            if node.next != NONE {
-                self.nodes[node.next as usize].prev = rest;
-            }
-            self.nodes[n as usize].next = rest;
-            self.nodes[n as usize].len = len;
-            self.by_size.insert((node.len - len, node.addr + len, rest));
+        node
+    }
+
+    /// Split node `n` after its first `head` bytes: `n` keeps them, and a new node linked in
+    /// after it (free or handed out as `rest_free` says) gets the rest. Returns the new node. The
+    /// size index is the caller's to update.
+    fn split(&mut self, n: u32, head: u64, rest_free: bool) -> u32 {
+        let node = self.nodes[n as usize];
+        let rest = self.new_node(Node {
+            addr: node.addr + head,
+            len: node.len - head,
+            region: node.region,
+            prev: n,
+            next: node.next,
+            free: rest_free,
+        });
+        if node.next != NONE {
+            self.nodes[node.next as usize].prev = rest;
         }
-        self.nodes[n as usize].free = false;
-        node.region
+        self.nodes[n as usize].next = rest;
+        self.nodes[n as usize].len = head;
+        rest
     }
 
     /// Give back node `n` (what `alloc` or `take` handed out), merging it with free neighbours.
