@@ -120,7 +120,7 @@ impl Heap {
             };
         }
         self.by_size.remove(&(node.len, node.addr, n));
-        let taken = self.split(n, head, false);
+        let taken = self.split(n, node, head, false);
         self.by_size.insert((head, node.addr, n));
         Fit {
             addr: node.addr + head,
@@ -136,7 +136,7 @@ impl Heap {
         let node = self.takeable(n, len);
         self.by_size.remove(&(node.len, node.addr, n));
         if node.len > len {
-            let rest = self.split(n, len, true);
+            let rest = self.split(n, node, len, true);
             self.by_size.insert((node.len - len, node.addr + len, rest));
         }
         self.nodes[n as usize].free = false;
@@ -144,6 +144,7 @@ impl Heap {
     }
 
     /// Node `n`, which must be free and hold at least `len` bytes.
+    #[inline]
     fn takeable(&self, n: u32, len: u64) -> Node {
         let node = self.nodes[n as usize];
         assert!(
@@ -155,11 +156,11 @@ impl Heap {
         node
     }
 
-    /// Split node `n` after its first `head` bytes: `n` keeps them, and a new node linked in
-    /// after it (free or handed out as `rest_free` says) gets the rest. Returns the new node. The
-    /// size index is the caller's to update.
-    fn split(&mut self, n: u32, head: u64, rest_free: bool) -> u32 {
-        let node = self.nodes[n as usize];
+    /// Split node `n` (as it is now: `node`) after its first `head` bytes: `n` keeps them, and a
+    /// new node linked in after it (free or handed out as `rest_free` says) gets the rest.
+    /// Returns the new node. The size index is the caller's to update.
+    #[inline]
+    fn split(&mut self, n: u32, node: Node, head: u64, rest_free: bool) -> u32 {
         let rest = self.new_node(Node {
             addr: node.addr + head,
             len: node.len - head,
