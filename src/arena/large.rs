@@ -7,7 +7,8 @@ use super::*;
 /// (`place_large`). Measured on the shared traces, the recording of the GPU suite's steps
 /// workload and `demo-train` at 20 MiB, 64, 256, 512 MiB, 1 and 2 GiB (BENCHMARKS.md, "Policy
 /// variants at a40ef95"): below 1 GiB the rule also moves medium blocks in ranges of a few
-/// dozen MiB, which gains nothing overall and moves traces near a target either way.
+/// dozen MiB: at every smaller threshold tried the steps recording grew again in its second
+/// pass, and at 256 MiB and less traces near the fragmentation target tipped over it.
 const KEEP_RANGE_BYTES: u64 = 1 << 30;
 
 impl Inner {
@@ -88,11 +89,11 @@ impl Inner {
             missing > 0 && seen < PLACEMENT_CANDIDATES
         });
         let (_, fit, free) = best?;
-        let r = &self.regions[fit.region as usize];
-        let last = fit.addr + free == r.base + r.len;
-        if len < MEDIUM_BYTES && free >= len + KEEP_RANGE_BYTES && !last {
+        if len < MEDIUM_BYTES && free >= len + KEEP_RANGE_BYTES {
+            let r = &self.regions[fit.region as usize];
             let end = fit.addr + free - len;
-            if self.unmapped_pages(fit.region, end, len, 1) == 0 {
+            let last = fit.addr + free == r.base + r.len;
+            if !last && self.unmapped_pages(fit.region, end, len, 1) == 0 {
                 return Some(self.streams[s as usize].large.take_end(fit.node, len));
             }
         }
