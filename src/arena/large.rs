@@ -5,11 +5,14 @@ use super::*;
 
 /// How much longer than a medium block a free range must be for the block to take its end
 /// (`place_large`). Measured on the shared traces, the recording of the GPU suite's steps
-/// workload and `demo-train` at 20 MiB, 64, 256, 512 MiB, 1 and 2 GiB (BENCHMARKS.md, "Policy
-/// variants at a40ef95"): below 1 GiB the rule also moves medium blocks in ranges of a few
-/// dozen MiB: at every smaller threshold tried the steps recording grew again in its second
-/// pass, and at 256 MiB and less traces near the fragmentation target tipped over it.
-const KEEP_RANGE_BYTES: u64 = 1 << 30;
+/// workload and `demo-train` at 20 MiB, 64, 256, 512 MiB, 1, 1.5, 2, 3 and 4 GiB (BENCHMARKS.md,
+/// "Policy variants at a40ef95"). Below 1 GiB the rule also moves medium blocks in ranges of a
+/// few dozen MiB: at every smaller threshold tried the steps recording grew again in its second
+/// pass, and at 256 MiB and less traces near the fragmentation target tipped over it. At 1 GiB
+/// the recording's cycle of shapes grows once more, in its third pass (step 29), than it did on
+/// the GPU; from 1.5 GiB on it makes the GPU's calls in the GPU's steps, with the shared traces'
+/// counts unchanged.
+const KEEP_RANGE_BYTES: u64 = 2 << 30;
 
 impl Inner {
     pub(super) fn alloc_large(

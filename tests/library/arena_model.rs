@@ -230,13 +230,14 @@ fn free_all_and_trim(arena: &Arena, blocks: impl IntoIterator<Item = u64>) {
 
 #[test]
 fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
-    // Two 2 GiB blocks side by side; the first is freed and a 2 MiB block comes. The freed range
-    // is the smallest that fits it. Taken from the range's start, it would shift the range by
-    // 2 MiB: once the second block is freed too, the next 2 GiB block would straddle both
-    // blocks' pages and leave 2 GiB - 2 MiB of mapped pages no 2 GiB block fits. Taken from its
-    // end, the range stays where the block that freed it was, and both 2 GiB blocks come back
-    // to their own pages with no driver call.
-    const BIG: u64 = 2 << 30;
+    // Two 4 GiB blocks side by side; the first is freed and a 2 MiB block comes. The freed range
+    // is the smallest that fits it, and over 2 GiB longer than it (the rule's threshold, in
+    // `src/arena/large.rs`). Taken from the range's start, it would shift the range by 2 MiB:
+    // once the second block is freed too, the next 4 GiB block would straddle both blocks'
+    // pages and leave 4 GiB - 2 MiB of mapped pages no 4 GiB block fits. Taken from its end, the
+    // range stays where the block that freed it was, and both 4 GiB blocks come back to their
+    // own pages with no driver call.
+    const BIG: u64 = 4 << 30;
     let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
     let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
     let a = arena.malloc(BIG, 0).unwrap();
@@ -256,7 +257,7 @@ fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
     assert_eq!(
         (c, d),
         (b, a),
-        "each 2 GiB block comes back to a range of its own"
+        "each 4 GiB block comes back to a range of its own"
     );
     assert_eq!(sim.counters().since(&before).memory_calls(), 0);
     assert_eq!(arena.stats().reserved_bytes.all().current, 2 * BIG as i64);
