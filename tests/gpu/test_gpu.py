@@ -84,7 +84,8 @@ def test_warm_training_steps_of_one_shape_make_no_memory_driver_call(workload):
     strict=True,
     reason="issue 13, open: on the H200 (2026-11-26) the arena grew by one 10 MiB handle in the "
     "cycle's fifth pass (step 37), where native's last growth was in its second; the lab replays "
-    "the recorded trace with the same calls at the same steps",
+    "the recorded trace with the same calls at the same steps (the_gpu_recording_makes_the_gpus_"
+    "calls_in_each_step, tests/library/trace_replay.rs)",
 )
 def test_a_repeating_cycle_of_shapes_makes_no_call_after_its_second_pass(workload):
     native, arena = _steps(workload)
