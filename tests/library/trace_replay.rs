@@ -827,7 +827,7 @@ fn replay_errors_name_the_event() {
 /// none unmapped). A second pass of the 40 steps makes no call.
 #[test]
 fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pass() {
-    let t = torch_arena::trace::load(&gpu_steps_recording()).unwrap();
+    let t = bench_trace("steps-h200-arena.trace.gz");
     let mut o = timed(80 * GIB, 2, 0);
     o.consistency_every = 10_000; // the stats after every event, the full walk now and then
     let r = replay(&t, &o, &mut |_, _| {}).unwrap();
@@ -847,8 +847,12 @@ fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pa
     assert_eq!(r.steps[1].calls.memory_calls(), 0, "{:?}", r.steps[1]);
 }
 
-fn gpu_steps_recording() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/traces/steps-h200-arena.trace.gz")
+/// A trace the project keeps in `bench/traces/`.
+fn bench_trace(name: &str) -> Trace {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bench/traces")
+        .join(name);
+    torch_arena::trace::load(&path).unwrap()
 }
 
 /// The memory driver calls the H200 counted in each of the steps workload's 40 training steps
@@ -867,10 +871,18 @@ const H200_STEP_CALLS: [u64; 40] = {
     calls
 };
 
-/// Where a training step of the steps workload starts: it draws its batch of token ids, an int64
-/// tensor of 8 × (length + 1), 32,832 bytes at length 512, 24,640 at 384, 16,448 at 256 and
-/// 28,736 at 448. No other request of the run has those sizes.
-const STEP_BATCH_BYTES: [u64; 4] = [32_832, 24_640, 16_448, 28_736];
+/// The events of a recording of the steps workload where its 40 training steps start: each
+/// draws its batch of token ids, an int64 tensor of 8 × (length + 1), 32,832 bytes at length
+/// 512, 24,640 at 384, 16,448 at 256 and 28,736 at 448. No other request of the run has those
+/// sizes. Event `i` belongs to step `starts.partition_point(|&s| s <= i)` (0: before the first).
+fn step_starts(t: &Trace) -> Vec<usize> {
+    const BATCH_BYTES: [u64; 4] = [32_832, 24_640, 16_448, 28_736];
+    let starts: Vec<usize> = (0..t.events.len())
+        .filter(|&i| t.events[i].op == Op::Alloc && BATCH_BYTES.contains(&t.events[i].size))
+        .collect();
+    assert_eq!(starts.len(), 40, "40 steps");
+    starts
+}
 
 /// The lab against the GPU step by step: the recording driven through the arena on the
 /// simulated device, event by event, makes the memory driver calls the H200 counted in each
@@ -882,21 +894,16 @@ fn the_gpu_recording_makes_the_gpus_calls_in_each_step() {
     use torch_arena::device::Device;
     use torch_arena::device::sim::{SimConfig, SimDevice};
 
-    let t = torch_arena::trace::load(&gpu_steps_recording()).unwrap();
+    let t = bench_trace("steps-h200-arena.trace.gz");
+    let starts = step_starts(&t);
     let dev =
         std::sync::Arc::new(SimDevice::new(SimConfig::new(80 * GIB, 2 * MIB, false)).unwrap());
     let arena = Arena::new(dev.clone(), &Config::default()).unwrap();
     let mut live = std::collections::HashMap::new();
     // calls[0]: building the model; calls[i]: step i.
-    let mut calls = vec![0u64];
-    let mut before = dev.counters().memory_calls();
-    for e in &t.events {
-        if e.op == Op::Alloc && STEP_BATCH_BYTES.contains(&e.size) {
-            let now = dev.counters().memory_calls();
-            *calls.last_mut().unwrap() += now - before;
-            before = now;
-            calls.push(0);
-        }
+    let mut calls = [0u64; 41];
+    let mut before = 0;
+    for (i, e) in t.events.iter().enumerate() {
         match e.op {
             Op::Alloc => {
                 live.insert(e.id, arena.malloc(e.size, e.stream).unwrap());
@@ -908,9 +915,10 @@ fn the_gpu_recording_makes_the_gpus_calls_in_each_step() {
                 arena.free(ptr, Some(e.size), e.stream).unwrap();
             }
         }
+        let now = dev.counters().memory_calls();
+        calls[starts.partition_point(|&s| s <= i)] += now - before;
+        before = now;
     }
-    *calls.last_mut().unwrap() += dev.counters().memory_calls() - before;
-    assert_eq!(calls.len(), 41, "40 steps");
     assert_eq!(calls[0], 62, "the model: two reservations and 20 handles");
     assert_eq!(
         calls[1..],
@@ -930,17 +938,12 @@ fn the_gpu_recording_makes_the_gpus_calls_in_each_step() {
 /// GPU served without a cudaMalloc.
 #[test]
 fn the_native_emulation_of_the_gpu_run_grows_in_the_gpus_steps() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("bench/traces/steps-h200-native.pickle.gz");
-    let t = torch_arena::trace::load(&path).unwrap();
+    let t = bench_trace("steps-h200-native.pickle.gz");
+    let starts = step_starts(&t);
     let mut o = NativeOptions::new(140 * GIB);
     // A point per event: no bucket merges two events.
     o.series_points = 4 * t.events.len();
     let r = native::simulate(&t, &o).unwrap();
-    let starts: Vec<usize> = (0..t.events.len())
-        .filter(|&i| t.events[i].op == Op::Alloc && STEP_BATCH_BYTES.contains(&t.events[i].size))
-        .collect();
-    assert_eq!(starts.len(), 40, "40 steps");
     // cudaMallocs per step (no segment is released in this run, so each rise of the reserved
     // bytes is one); [0] is the seed.
     let mut grew = vec![0u64; 41];
