@@ -115,6 +115,23 @@ const SPARE_LIMIT_SHARE: u64 = 8;
 /// segments do.
 const SMALL_GROWTH_PAGES: u32 = 4;
 const SMALL_GROWTH_SHARE: u64 = 256;
+/// A large block (from [`MEDIUM_BYTES`]) that needs new pages although a block of its length
+/// needed them before, at least `DRIFT_AFTER_REQUESTS` requests ago and at a lower address, and
+/// is gone from there, has *drifted*: the blocks before it took some of its old place, as they
+/// do when blocks live across steps, so that each step starts from different free ranges. In a
+/// workload whose shapes recur the drift goes on, by less each time, and each time the block
+/// needs pages past those mapped before (the GPU suite's steps workload grew so in the fifth
+/// pass of its cycle of shapes, on an H200 too). So the handle created for a drifted block also
+/// covers up to 1/`DRIFT_SPARE_SHARE` of the block's length in free pages after it, within the
+/// budget of handles with spare pages, and the next shifts land on mapped pages. A block that
+/// grows again soon after its length did is taken for a run of blocks, as a model being built
+/// or layers' outputs, and gets no spare. Measured at 1/2, 1/4, 1/8 and 1/16 and after 0, 2,000,
+/// 5,000 and 10,000 requests (BENCHMARKS.md, "Drift").
+const DRIFT_AFTER_REQUESTS: u64 = 5_000;
+const DRIFT_SPARE_SHARE: u64 = 8;
+/// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each
+/// and the table's overhead) whatever the number of distinct lengths a workload grows by.
+const GROWN_LENGTHS_KEPT: usize = 4_096;
 /// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
 /// leaves (`Inner::back_run`).
 const HEADROOM_SHARE: u64 = 8;
@@ -378,6 +395,15 @@ enum Escalation {
     ReleaseCached,
 }
 
+/// How a handle created for a block's last run may also cover the free pages after it.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// A medium block: within the ramp, and at least this many pages with the run.
+    Medium(u32),
+    /// A large block that drifted (`Inner::drifted`): up to this many spare pages.
+    Drift(u32),
+}
+
 /// Why an attempt failed.
 enum Miss {
     /// No physical memory within the limit: the caller may flush caches and retry.
@@ -472,6 +498,10 @@ struct Inner {
     shared_pages: u64,
     /// Pages created in growth steps so far: a step's spare is at most 1/[`GROWTH_SHARE`] of it.
     grown_pages: u64,
+    /// Lengths of large blocks (from [`MEDIUM_BYTES`]) that needed new pages, with where the last
+    /// such block of each went and when (`tick`): what `Inner::drifted` compares a block that
+    /// needs pages with. At most [`GROWN_LENGTHS_KEPT`], then forgotten all at once.
+    grown_lengths: IntMap<u64, (u64, u64)>,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
     /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
@@ -565,6 +595,7 @@ impl Arena {
             shared_handles: IntMap::default(),
             shared_pages: 0,
             grown_pages: 0,
+            grown_lengths: IntMap::default(),
             idle_len: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
             // counts its handle's pages in a u16, so that bounds a handle sized to its run.

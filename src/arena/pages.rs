@@ -93,17 +93,41 @@ impl Inner {
         let (first, last) = self.pages_of(region, addr, len);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
-        // what the ramp allows. Larger ones map what they need.
+        // what the ramp allows. Larger ones map what they need, but for a block that drifted
+        // (`drifted`): its handle also covers some pages after it.
         let step = match len {
-            l if l < FLOOR_BELOW_BYTES => Some(self.growth_floor_pages),
-            l if l < MEDIUM_BYTES => Some(0),
+            l if l < FLOOR_BELOW_BYTES => Some(Step::Medium(self.growth_floor_pages)),
+            l if l < MEDIUM_BYTES => Some(Step::Medium(0)),
+            l if self.drifted(region, l, addr) => {
+                let spare = self.page_of(l) / DRIFT_SPARE_SHARE;
+                Some(Step::Drift(u32::try_from(spare).unwrap_or(u32::MAX)))
+            }
             _ => None,
         };
         if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, step) {
             self.count_range(region, addr, len, false);
             return Err(e);
         }
+        if len >= MEDIUM_BYTES {
+            if self.grown_lengths.len() >= GROWN_LENGTHS_KEPT {
+                self.grown_lengths.clear();
+            }
+            self.grown_lengths.insert(len, (addr, self.tick));
+        }
         Ok(())
+    }
+
+    /// Whether a large block of `len` bytes placed at `addr` in `region`, which needs new pages,
+    /// has drifted: a block of its length needed new pages before, at least
+    /// [`DRIFT_AFTER_REQUESTS`] requests ago and lower down in the same region, and is no longer
+    /// live where it was (`use_range`, [`DRIFT_SPARE_SHARE`]).
+    fn drifted(&self, region: u32, len: u64, addr: u64) -> bool {
+        let base = self.regions[region as usize].base;
+        self.grown_lengths.get(&len).is_some_and(|&(at, tick)| {
+            (base..addr).contains(&at)
+                && self.tick - tick >= DRIFT_AFTER_REQUESTS
+                && self.large.get(at).is_none_or(|b| b.len != len)
+        })
     }
 
     /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages. Only
@@ -212,7 +236,7 @@ impl Inner {
         first: u32,
         n: u32,
         anywhere: bool,
-        step: Option<u32>,
+        step: Option<Step>,
     ) -> std::result::Result<(), Miss> {
         if self.regions[region as usize].plain {
             return Ok(());
@@ -243,11 +267,12 @@ impl Inner {
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
-    /// With a `step` (a medium block's last run: the least the step covers with the run, in
-    /// pages), growth comes in steps of up to [`GROWTH_BYTES`]: when a handle must be created and
-    /// the pages after the run are unmapped too, it also covers some of them (mapped, unused,
-    /// ready for the next block placed there), as PyTorch rounds medium requests up to 20 MiB
-    /// segments. One create then serves several medium blocks.
+    /// With a `step` (a medium block's last run, or a drifted large block's), growth comes in
+    /// steps: when a handle must be created and the pages after the run are unmapped too, it
+    /// also covers some of them (mapped, unused, ready for the next block placed there). A
+    /// medium block's step goes up to [`GROWTH_BYTES`] in all, as PyTorch rounds medium requests
+    /// up to 20 MiB segments, so one create serves several medium blocks; a drifted block's
+    /// covers what [`Step::Drift`] says, for the next shift of its place.
     /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
     fn back_run(
         &mut self,
@@ -255,7 +280,7 @@ impl Inner {
         start: u32,
         len: u32,
         anywhere: bool,
-        step: Option<u32>,
+        step: Option<Step>,
     ) -> std::result::Result<(), Miss> {
         let owner = self.regions[region as usize].stream;
         let pool = self.regions[region as usize].pool;
@@ -273,7 +298,10 @@ impl Inner {
             ),
             Pool::Large if step.is_some() => (
                 self.handle_pages.min(headroom),
-                self.spare_after(region, start + len, len),
+                match step {
+                    Some(Step::Drift(n)) => self.spare_pages_after(region, start + len, n),
+                    _ => self.spare_after(region, start + len, len),
+                },
             ),
             Pool::Large => (self.handle_pages.min(headroom), 0),
         };
@@ -287,9 +315,13 @@ impl Inner {
         // pool (graph capture) keeps its pages until it is released: no step.
         let scale = match pool {
             Pool::Small => self.reserved() / self.page / SMALL_GROWTH_SHARE,
-            Pool::Large => {
-                (self.grown_pages / GROWTH_SHARE).max(step.unwrap_or(0).saturating_sub(len) as u64)
-            }
+            Pool::Large => match step {
+                Some(Step::Drift(n)) => n as u64,
+                Some(Step::Medium(floor)) => {
+                    (self.grown_pages / GROWTH_SHARE).max(floor.saturating_sub(len) as u64)
+                }
+                None => 0,
+            },
         };
         let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
             .saturating_sub(self.shared_pages + len as u64);
@@ -337,7 +369,12 @@ impl Inner {
     /// to [`GROWTH_BYTES`] in all, only unmapped pages of the region (free addresses: a live
     /// block's pages are always mapped), and none when the run alone is that long.
     fn spare_after(&self, region: u32, from: u32, len: u32) -> u32 {
-        let want = self.growth_pages.saturating_sub(len);
+        self.spare_pages_after(region, from, self.growth_pages.saturating_sub(len))
+    }
+
+    /// How many of the `want` pages from `from` on are unmapped, counting from `from` and
+    /// stopping at the first mapped one.
+    fn spare_pages_after(&self, region: u32, from: u32, want: u32) -> u32 {
         let pages = &self.regions[region as usize].pages;
         pages
             .iter()

@@ -23,6 +23,7 @@ use torch_arena::arena::Arena;
 use torch_arena::config::Config;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, StreamId};
+use torch_arena::stats::Pool;
 
 /// A simulated device: everything forwards to [`SimDevice`], which checks stream safety itself
 /// at every unmap and release.
@@ -263,6 +264,57 @@ fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
     assert_eq!(arena.stats().reserved_bytes.all().current, 2 * BIG as i64);
     arena.check_consistency().unwrap();
     free_all_and_trim(&arena, [c, d]);
+}
+
+/// A 128 MiB block at the top of what is mapped, freed and allocated again after blocks that
+/// live on took the start of its place: each time it lands higher and needs pages past those
+/// mapped. `gap` small requests come between its first growth and its return. Returns the
+/// memory driver calls of its third coming (after a second, smaller shift) and the bytes
+/// reserved after its second.
+fn drift(gap: usize) -> (u64, i64) {
+    const LEN: u64 = 128 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let x = arena.malloc(LEN, 0).unwrap();
+    arena.free(x, None, 0).unwrap();
+    let s1 = arena.malloc(20 << 20, 0).unwrap();
+    assert_eq!(
+        s1, x,
+        "the block that lives on takes the start of the freed range"
+    );
+    for _ in 0..gap {
+        let p = arena.malloc(512, 0).unwrap();
+        arena.free(p, None, 0).unwrap();
+    }
+    let y = arena.malloc(LEN, 0).unwrap();
+    assert_eq!(y, x + (20 << 20), "it lands 20 MiB higher");
+    let reserved = arena.stats().reserved_bytes.pool(Pool::Large).current;
+    arena.free(y, None, 0).unwrap();
+    let s2 = arena.malloc(10 << 20, 0).unwrap();
+    assert_eq!(s2, y);
+    let before = sim.counters();
+    let z = arena.malloc(LEN, 0).unwrap();
+    assert_eq!(z, y + (10 << 20), "and 10 MiB higher again");
+    let calls = sim.counters().since(&before).memory_calls();
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, [s1, s2, z]);
+    (calls, reserved)
+}
+
+#[test]
+fn a_block_whose_place_drifts_between_steps_gets_spare_pages_and_stops_growing() {
+    // Its length last grew the arena 5,000 requests before (`DRIFT_AFTER_REQUESTS` in
+    // `src/arena/mod.rs`), and the block that did is gone: the handle created for its 20 MiB of
+    // new pages also covers 1/8 of its length (16 MiB) after it, so the next shift, by 10 MiB,
+    // lands on mapped pages: no driver call.
+    let (calls, reserved) = drift(5_000);
+    assert_eq!(reserved, (128 + 20 + 16) << 20);
+    assert_eq!(calls, 0, "the second shift needed no new pages");
+    // Soon after (a run of blocks of one length, as a model being built), no spare: each shift
+    // maps what it needs, one handle (create, map, set access).
+    let (calls, reserved) = drift(100);
+    assert_eq!(reserved, (128 + 20) << 20);
+    assert_eq!(calls, 3);
 }
 
 #[test]

@@ -824,9 +824,11 @@ fn replay_errors_name_the_event() {
 /// The steps workload of the GPU suite, recorded by torch-arena on an H200
 /// (`bench/traces/steps-h200-arena.trace.gz`, see BENCHMARKS.md), replayed on the simulated
 /// device: the calls the GPU counted (two reservations; 105 handles created, mapped and granted,
-/// none unmapped). A second pass of the 40 steps makes no call.
+/// none unmapped) but one handle, the one of step 37 that the drift spare saves
+/// (`the_gpu_recording_makes_the_gpus_calls_in_each_step_but_the_drifted_one`). A second pass of
+/// the 40 steps makes no call.
 #[test]
-fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pass() {
+fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_but_one_and_a_quiet_second_pass() {
     let t = bench_trace("steps-h200-arena.trace.gz");
     let mut o = timed(80 * GIB, 2, 0);
     o.consistency_every = 10_000; // the stats after every event, the full walk now and then
@@ -839,10 +841,10 @@ fn the_trace_recorded_on_a_gpu_replays_with_the_gpus_calls_and_a_quiet_second_pa
             first.mem_map,
             first.set_access
         ),
-        (2, 105, 105, 105),
+        (2, 104, 104, 104),
         "{first:?}"
     );
-    assert_eq!(first.set_access_handles, 105);
+    assert_eq!(first.set_access_handles, 104);
     assert_eq!(first.mem_unmap + first.mem_release, 0);
     assert_eq!(r.steps[1].calls.memory_calls(), 0, "{:?}", r.steps[1]);
 }
@@ -859,8 +861,7 @@ fn bench_trace(name: &str) -> Trace {
 /// under torch-arena (`bench/results/gpu-check-2026-11-26-H200-4.json`,
 /// `results.steps.arena.steps[i].calls`; the library was a40ef95). Steps 1–20 have one sequence
 /// length; steps 21–40 cycle through four. Step 25 grows in the cycle's second pass, as native
-/// does; step 37, in its fifth, is the miss the GPU suite's strict `xfail` keeps
-/// (`test_a_repeating_cycle_of_shapes_makes_no_call_after_its_second_pass`).
+/// does; step 37, in its fifth, is the growth the drift spare removes.
 const H200_STEP_CALLS: [u64; 40] = {
     let mut calls = [0; 40];
     calls[0] = 171;
@@ -886,10 +887,18 @@ fn step_starts(t: &Trace) -> Vec<usize> {
 
 /// The lab against the GPU step by step: the recording driven through the arena on the
 /// simulated device, event by event, makes the memory driver calls the H200 counted in each
-/// step, in the same steps. The calls before the first step built the model, which the GPU did
-/// not count.
+/// step, in the same steps, but for step 37. The calls before the first step built the model,
+/// which the GPU did not count.
+///
+/// Before the drift spare (`DRIFT_SPARE_SHARE` in `src/arena/mod.rs`) the lab made exactly the
+/// H200's calls, step 37 included (7774160): a 128 MiB block of the 512-token steps lands a few
+/// MiB higher in each pass of the cycle, as the blocks before it shift, and in step 37 it needed
+/// one more handle. In step 25 it now counts as drifted (its length last grew the arena in step
+/// 3, over 14,000 requests before, and lower down), so the handle created there also covers
+/// 16 MiB past it, and step 37's block lands on those pages. The GPU suite's
+/// `test_a_repeating_cycle_of_shapes_makes_no_call_after_its_second_pass` expects the same.
 #[test]
-fn the_gpu_recording_makes_the_gpus_calls_in_each_step() {
+fn the_gpu_recording_makes_the_gpus_calls_in_each_step_but_the_drifted_one() {
     use torch_arena::arena::Arena;
     use torch_arena::device::Device;
     use torch_arena::device::sim::{SimConfig, SimDevice};
@@ -920,10 +929,12 @@ fn the_gpu_recording_makes_the_gpus_calls_in_each_step() {
         before = now;
     }
     assert_eq!(calls[0], 62, "the model: two reservations and 20 handles");
+    let mut expected = H200_STEP_CALLS;
+    expected[36] = 0; // step 37: the drift spare of step 25 serves it
     assert_eq!(
         calls[1..],
-        H200_STEP_CALLS,
-        "the lab's calls per step against the H200's"
+        expected,
+        "the lab's calls per step against the H200's, step 37 aside"
     );
 }
 
