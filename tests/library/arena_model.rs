@@ -266,6 +266,44 @@ fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
     free_all_and_trim(&arena, [c, d]);
 }
 
+#[test]
+fn a_small_medium_block_in_a_freed_range_200_times_its_length_leaves_the_range_where_it_was() {
+    // The same straddle with 512 MiB blocks, as silmont2000's `133f064` trace makes it: the
+    // freed range is 510 MiB longer than the 2 MiB block, far under the rule's 2 GiB, but over
+    // 200 times its length (`KEEP_RANGE_TIMES` in `src/arena/large.rs`), so the block takes its
+    // end, and both 512 MiB blocks come back to their own pages.
+    const BIG: u64 = 512 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let a = arena.malloc(BIG, 0).unwrap();
+    let b = arena.malloc(BIG, 0).unwrap();
+    let tail = arena.malloc(BIG, 0).unwrap(); // the region's free tail stays after it
+    arena.free(a, None, 0).unwrap();
+    let m = arena.malloc(2 << 20, 0).unwrap();
+    assert_eq!(m, a + BIG - (2 << 20), "the 2 MiB block takes the end");
+    arena.free(b, None, 0).unwrap();
+    let before = sim.counters();
+    let c = arena.malloc(BIG, 0).unwrap();
+    arena.free(m, None, 0).unwrap();
+    let d = arena.malloc(BIG, 0).unwrap();
+    assert_eq!(
+        (c, d),
+        (b, a),
+        "each 512 MiB block comes back to its own range"
+    );
+    assert_eq!(sim.counters().since(&before).memory_calls(), 0);
+    assert_eq!(arena.stats().reserved_bytes.all().current, 3 * BIG as i64);
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, [c, d, tail]);
+    // A block of 3 MiB is under 200 times shorter than that range: it takes the range's start.
+    let a = arena.malloc(BIG, 0).unwrap();
+    let b = arena.malloc(BIG, 0).unwrap();
+    arena.free(a, None, 0).unwrap();
+    let m = arena.malloc(3 << 20, 0).unwrap();
+    assert_eq!(m, a, "a 3 MiB block takes the start");
+    free_all_and_trim(&arena, [b, m]);
+}
+
 /// A 128 MiB block at the top of what is mapped, freed and allocated again after blocks that
 /// live on took the start of its place: each time it lands higher and needs pages past those
 /// mapped. `gap` small requests come between its first growth and its return. Returns the
