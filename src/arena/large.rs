@@ -79,41 +79,100 @@ impl Inner {
     }
 
     /// A large block for stream `s`: among the best fits by size, the one whose range needs the
-    /// fewest pages mapped (a freed block of the same size needs none).
-    ///
-    /// A medium block (under [`MEDIUM_BYTES`]) in a free range longer than itself by at least
-    /// [`KEEP_RANGE_BYTES`] or [`KEEP_RANGE_TIMES`] its length, other than its region's last
-    /// (the addresses growth takes), goes to the range's end where the pages there are mapped,
-    /// not to its start. Such a range is most often what a large block left, and that block
-    /// comes back. From the start, the medium block would shift the range: once the next block
-    /// is freed too, the two merge, and the large block straddles both blocks' pages, leaving
-    /// mapped pages that no block of its size fits. PyTorch keeps the two apart by packing
-    /// medium requests into segments of their own.
+    /// fewest pages mapped (a freed block of the same size needs none). Medium blocks have rules
+    /// of their own (`place_medium`).
     pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<Fit> {
-        let mut best: Option<(u64, Fit, u64)> = None;
+        if len < MEDIUM_BYTES {
+            return self.place_medium(s, len);
+        }
+        let mut best: Option<(u64, Fit)> = None;
         let mut seen = 0;
-        self.streams[s as usize].large.each_fit(len, |fit, free| {
+        self.streams[s as usize].large.each_fit(len, |fit, _| {
             let limit = best.map_or(u64::MAX, |b| b.0);
             let missing = self.unmapped_pages(fit.region, fit.addr, len, limit);
             if missing < limit {
-                best = Some((missing, fit, free));
+                best = Some((missing, fit));
             }
             seen += 1;
             missing > 0 && seen < PLACEMENT_CANDIDATES
         });
-        let (_, fit, free) = best?;
-        // `free >= len`: `each_fit` offers ranges that fit.
+        let (_, fit) = best?;
+        self.streams[s as usize].large.take(fit.node, len);
+        Some(fit)
+    }
+
+    /// A medium block (under [`MEDIUM_BYTES`]) for stream `s`, among the same best fits, each
+    /// weighed where the block would go in it:
+    /// - In a free range longer than the block by at least [`KEEP_RANGE_BYTES`] or
+    ///   [`KEEP_RANGE_TIMES`] its length, other than its region's last (the addresses growth
+    ///   takes), it goes to the range's end where the pages there are mapped, not to its start.
+    ///   Such a range is most often what a large block left, and that block comes back. From the
+    ///   start, the medium block would shift the range: once the next block is freed too, the two
+    ///   merge, and the large block straddles both blocks' pages, leaving mapped pages that no
+    ///   block of its size fits.
+    /// - Of the places needing the fewest new pages, one on pages created for medium blocks (a
+    ///   growth step's) comes before one in such a range on a large block's pages: at its end the
+    ///   block still takes from the range, and medium blocks gathering there leave it too short
+    ///   for the large block that comes back (sungdk0822 `dmodel16_seqlen4096` grew a seventh
+    ///   512 MiB handle so, where native holds six).
+    ///
+    /// PyTorch keeps the two apart by packing medium requests into segments of their own.
+    fn place_medium(&mut self, s: u32, len: u64) -> Option<Fit> {
         let keep = KEEP_RANGE_BYTES.min(len.saturating_mul(KEEP_RANGE_TIMES));
-        if len < MEDIUM_BYTES && free - len >= keep {
+        // (new pages, on a large block's pages in a long range), the fit, whether at its end.
+        let mut best: Option<((u64, bool), Fit, bool)> = None;
+        let mut seen = 0;
+        self.streams[s as usize].large.each_fit(len, |fit, free| {
             let r = &self.regions[fit.region as usize];
-            let end = fit.addr + free - len;
+            // `free >= len`: `each_fit` offers ranges that fit.
+            let long = free - len >= keep;
             let last = fit.addr + free == r.base + r.len;
-            if !last && self.unmapped_pages(fit.region, end, len, 1) == 0 {
-                return Some(self.streams[s as usize].large.take_end(fit.node, len));
+            let end = fit.addr + free - len;
+            let at_end = long && !last && self.unmapped_pages(fit.region, end, len, 1) == 0;
+            let at = if at_end { end } else { fit.addr };
+            let limit = best.map_or(u64::MAX, |b| b.0.0 + 1);
+            let missing = self.unmapped_pages(fit.region, at, len, limit);
+            let key = (
+                missing,
+                long && missing == 0 && self.on_large_handle(fit.region, at, len),
+            );
+            if best.is_none_or(|b| key < b.0) {
+                best = Some((key, fit, at_end));
             }
+            seen += 1;
+            best.is_some_and(|b| b.0 != (0, false)) && seen < PLACEMENT_CANDIDATES
+        });
+        let (_, fit, at_end) = best?;
+        if at_end {
+            return Some(self.streams[s as usize].large.take_end(fit.node, len));
         }
         self.streams[s as usize].large.take(fit.node, len);
         Some(fit)
+    }
+
+    /// Whether a handle created for a large block (not a growth step's: `shared_handles`) backs
+    /// a page of `[addr, addr + len)`. One visit per handle.
+    fn on_large_handle(&self, region: u32, addr: u64, len: u64) -> bool {
+        let r = &self.regions[region as usize];
+        let first = self.page_of(addr - r.base) as usize;
+        let last = self.page_of(addr + len - 1 - r.base) as usize;
+        let mut p = first;
+        while p <= last {
+            let slot = &r.pages[p];
+            if slot.phys.is_none() {
+                p += 1;
+                continue;
+            }
+            let head = &r.pages[p - slot.hoff as usize];
+            if head
+                .phys
+                .is_some_and(|h| !self.shared_handles.contains_key(&h.0))
+            {
+                return true;
+            }
+            p += (head.hlen - slot.hoff) as usize;
+        }
+        false
     }
 
     /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`. One

@@ -304,6 +304,40 @@ fn a_small_medium_block_in_a_freed_range_200_times_its_length_leaves_the_range_w
     free_all_and_trim(&arena, [b, m]);
 }
 
+#[test]
+fn a_medium_block_takes_a_growth_steps_spare_pages_before_a_range_a_large_block_left() {
+    // Two 512 MiB blocks, then a 2 MiB block whose growth step (16 MiB, `GROWTH_FLOOR_BYTES`)
+    // leaves 14 MiB of mapped spare pages after it. The first 512 MiB block is freed and a
+    // second 2 MiB block comes. At the end of the freed range it would need no new page either,
+    // but the range would then be too short for the 512 MiB block that comes back (sungdk0822
+    // `dmodel16_seqlen4096` grew a seventh 512 MiB handle so): it takes the spare pages.
+    const BIG: u64 = 512 << 20;
+    const SMALL: u64 = 2 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let a = arena.malloc(BIG, 0).unwrap();
+    let b = arena.malloc(BIG, 0).unwrap();
+    let m0 = arena.malloc(SMALL, 0).unwrap();
+    assert_eq!(
+        arena.stats().reserved_bytes.all().current,
+        (2 * BIG + (16 << 20)) as i64,
+        "the 2 MiB block grew by a 16 MiB step"
+    );
+    arena.free(a, None, 0).unwrap();
+    let before = sim.counters();
+    let m1 = arena.malloc(SMALL, 0).unwrap();
+    assert_eq!(
+        m1,
+        m0 + SMALL,
+        "the second 2 MiB block takes the step's spare pages"
+    );
+    let a2 = arena.malloc(BIG, 0).unwrap();
+    assert_eq!(a2, a, "the 512 MiB block comes back to its own range");
+    assert_eq!(sim.counters().since(&before).memory_calls(), 0);
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, [a2, b, m0, m1]);
+}
+
 /// A 128 MiB block at the top of what is mapped, freed and allocated again after blocks that
 /// live on took the start of its place: each time it lands higher and needs pages past those
 /// mapped. `gap` small requests come between its first growth and its return. Returns the
