@@ -229,73 +229,49 @@ fn free_all_and_trim(arena: &Arena, blocks: impl IntoIterator<Item = u64>) {
     arena.check_consistency().unwrap();
 }
 
-#[test]
-fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
-    // Two 4 GiB blocks side by side; the first is freed and a 2 MiB block comes. The freed range
-    // is the smallest that fits it, and over 2 GiB longer than it (the rule's threshold, in
-    // `src/arena/large.rs`). Taken from the range's start, it would shift the range by 2 MiB:
-    // once the second block is freed too, the next 4 GiB block would straddle both blocks'
-    // pages and leave 4 GiB - 2 MiB of mapped pages no 4 GiB block fits. Taken from its end, the
-    // range stays where the block that freed it was, and both 4 GiB blocks come back to their
-    // own pages with no driver call.
-    const BIG: u64 = 4 << 30;
+/// Three `big` blocks side by side (the third keeps the second's range off the region's free
+/// tail); the first is freed and a 2 MiB block comes. Taken from the freed range's start, it
+/// would shift the range by 2 MiB: once the second block is freed too, the next `big` block
+/// would straddle both blocks' pages and leave `big` - 2 MiB of mapped pages no block of its
+/// size fits. Taken from its end, the range stays where the block that freed it was, and both
+/// come back to their own pages with no driver call. Returns the arena, empty.
+fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> (Arc<SimDevice>, Arena) {
     let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
     let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
-    let a = arena.malloc(BIG, 0).unwrap();
-    let b = arena.malloc(BIG, 0).unwrap();
+    let a = arena.malloc(big, 0).unwrap();
+    let b = arena.malloc(big, 0).unwrap();
+    let tail = arena.malloc(big, 0).unwrap();
     arena.free(a, None, 0).unwrap();
     let m = arena.malloc(2 << 20, 0).unwrap();
-    assert_eq!(
-        m,
-        a + BIG - (2 << 20),
-        "the 2 MiB block takes the end of the freed range"
-    );
+    assert_eq!(m, a + big - (2 << 20), "the 2 MiB block takes the end");
     arena.free(b, None, 0).unwrap();
     let before = sim.counters();
-    let c = arena.malloc(BIG, 0).unwrap();
+    let c = arena.malloc(big, 0).unwrap();
     arena.free(m, None, 0).unwrap();
-    let d = arena.malloc(BIG, 0).unwrap();
-    assert_eq!(
-        (c, d),
-        (b, a),
-        "each 4 GiB block comes back to a range of its own"
-    );
+    let d = arena.malloc(big, 0).unwrap();
+    assert_eq!((c, d), (b, a), "each block comes back to its own range");
     assert_eq!(sim.counters().since(&before).memory_calls(), 0);
-    assert_eq!(arena.stats().reserved_bytes.all().current, 2 * BIG as i64);
+    assert_eq!(arena.stats().reserved_bytes.all().current, 3 * big as i64);
     arena.check_consistency().unwrap();
-    free_all_and_trim(&arena, [c, d]);
+    free_all_and_trim(&arena, [c, d, tail]);
+    (sim, arena)
+}
+
+#[test]
+fn a_medium_block_in_a_freed_large_range_leaves_the_range_where_it_was() {
+    // 4 GiB blocks: the freed range is over 2 GiB longer than the 2 MiB block (the rule's
+    // threshold, `KEEP_RANGE_BYTES` in `src/arena/large.rs`).
+    a_2_mib_block_takes_the_end_of_a_freed_range(4 << 30);
 }
 
 #[test]
 fn a_small_medium_block_in_a_freed_range_200_times_its_length_leaves_the_range_where_it_was() {
-    // The same straddle with 512 MiB blocks, as silmont2000's `133f064` trace makes it: the
-    // freed range is 510 MiB longer than the 2 MiB block, far under the rule's 2 GiB, but over
-    // 200 times its length (`KEEP_RANGE_TIMES` in `src/arena/large.rs`), so the block takes its
-    // end, and both 512 MiB blocks come back to their own pages.
+    // 512 MiB blocks, as silmont2000's `133f064` trace has them: the freed range is 510 MiB
+    // longer than the 2 MiB block, far under 2 GiB, but over 200 times its length
+    // (`KEEP_RANGE_TIMES`).
     const BIG: u64 = 512 << 20;
-    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
-    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
-    let a = arena.malloc(BIG, 0).unwrap();
-    let b = arena.malloc(BIG, 0).unwrap();
-    let tail = arena.malloc(BIG, 0).unwrap(); // the region's free tail stays after it
-    arena.free(a, None, 0).unwrap();
-    let m = arena.malloc(2 << 20, 0).unwrap();
-    assert_eq!(m, a + BIG - (2 << 20), "the 2 MiB block takes the end");
-    arena.free(b, None, 0).unwrap();
-    let before = sim.counters();
-    let c = arena.malloc(BIG, 0).unwrap();
-    arena.free(m, None, 0).unwrap();
-    let d = arena.malloc(BIG, 0).unwrap();
-    assert_eq!(
-        (c, d),
-        (b, a),
-        "each 512 MiB block comes back to its own range"
-    );
-    assert_eq!(sim.counters().since(&before).memory_calls(), 0);
-    assert_eq!(arena.stats().reserved_bytes.all().current, 3 * BIG as i64);
-    arena.check_consistency().unwrap();
-    free_all_and_trim(&arena, [c, d, tail]);
-    // A block of 3 MiB is under 200 times shorter than that range: it takes the range's start.
+    let (_sim, arena) = a_2_mib_block_takes_the_end_of_a_freed_range(BIG);
+    // A 3 MiB block is not 200 times shorter than that range: it takes the range's start.
     let a = arena.malloc(BIG, 0).unwrap();
     let b = arena.malloc(BIG, 0).unwrap();
     arena.free(a, None, 0).unwrap();
