@@ -126,7 +126,9 @@ const SMALL_GROWTH_SHARE: u64 = 256;
 /// budget of handles with spare pages, and the next shifts land on mapped pages. A block that
 /// grows again soon after its length did is taken for a run of blocks, as a model being built
 /// or layers' outputs, and gets no spare. Measured at 1/2, 1/4, 1/8 and 1/16 and after 0, 2,000,
-/// 5,000 and 10,000 requests (BENCHMARKS.md, "Drift").
+/// 5,000, 10,000 and 20,000 requests (BENCHMARKS.md, "Drift"): 1/8 is the least spare that
+/// serves the steps workload's drift, and from 5,000 to 10,000 requests no shared trace crosses
+/// a target.
 const DRIFT_AFTER_REQUESTS: u64 = 5_000;
 const DRIFT_SPARE_SHARE: u64 = 8;
 /// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each
