@@ -733,13 +733,25 @@ fn demo_runs_from_a_copy_of_the_command_anywhere() {
     let dir = scratch("demo-anywhere");
     let exe = dir.join("torch-arena");
     std::fs::copy(env!("CARGO_BIN_EXE_torch-arena"), &exe).unwrap();
-    let o = Command::new(&exe)
-        .args(["demo", "--no-progress"])
-        .current_dir(&dir)
-        .env_remove("TORCH_ARENA_DEMO_TRACE")
-        .env_remove("TORCH_ARENA_CONF")
-        .output()
-        .unwrap();
+    // Another test thread that forks between the copy's write and its close hands the child a
+    // descriptor open for writing until that child execs: running the copy then fails with
+    // ETXTBSY ("Text file busy"), a race of the test harness, not of the command. Try again.
+    let mut tries = 0;
+    let o = loop {
+        let run = Command::new(&exe)
+            .args(["demo", "--no-progress"])
+            .current_dir(&dir)
+            .env_remove("TORCH_ARENA_DEMO_TRACE")
+            .env_remove("TORCH_ARENA_CONF")
+            .output();
+        match run {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.unwrap(),
+        }
+    };
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     for s in [
