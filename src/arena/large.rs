@@ -130,8 +130,13 @@ impl Inner {
             let end = fit.addr + free - len;
             let at_end = long && !last && self.unmapped_pages(fit.region, end, len, 1) == 0;
             let at = if at_end { end } else { fit.addr };
-            let limit = best.map_or(u64::MAX, |b| b.0.0 + 1);
-            let missing = self.unmapped_pages(fit.region, at, len, limit);
+            let missing = match at_end {
+                true => 0, // checked just above
+                false => {
+                    let limit = best.map_or(u64::MAX, |b| b.0.0 + 1);
+                    self.unmapped_pages(fit.region, at, len, limit)
+                }
+            };
             let key = (
                 missing,
                 long && missing == 0 && self.on_large_handle(fit.region, at, len),
@@ -159,18 +164,15 @@ impl Inner {
         let mut p = first;
         while p <= last {
             let slot = &r.pages[p];
-            if slot.phys.is_none() {
+            // Every page of a mapped handle names it; its head page holds its length.
+            let Some(h) = slot.phys else {
                 p += 1;
                 continue;
-            }
-            let head = &r.pages[p - slot.hoff as usize];
-            if head
-                .phys
-                .is_some_and(|h| !self.shared_handles.contains_key(&h.0))
-            {
+            };
+            if !self.shared_handles.contains_key(&h.0) {
                 return true;
             }
-            p += (head.hlen - slot.hoff) as usize;
+            p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
         }
         false
     }

@@ -290,38 +290,35 @@ impl Inner {
         // the next request needs it. At most 1/HEADROOM_SHARE of what the limit leaves.
         let headroom = (self.limit.saturating_sub(self.reserved()) / self.page / HEADROOM_SHARE)
             .clamp(1, u32::MAX as u64) as u32;
-        let (per_handle, offered) = match pool {
-            Pool::Small => (
+        // How far a step goes (`offered`: the free pages after the run it may cover; `scale`:
+        // how many of them). The small pool's (a few pages, shared by slabs of every class)
+        // scales with all that is held; a medium block's with the pages created in steps so far,
+        // so that a few medium blocks beside large ones are not rounded up, but to at least
+        // what its `Step::Medium` asks with the run, so that a small workload does not grow by
+        // the page where PyTorch's first 20 MiB segment would serve it whole; a drifted block's
+        // is what its `Step::Drift` says. Handles with spare pages hold at most their share of
+        // the limit: spare pages join other blocks, and a handle whose pages serve several
+        // blocks cannot move while any of them lives. A private pool (graph capture) keeps its
+        // pages until it is released: no step.
+        let large_handle = self.handle_pages.min(headroom);
+        let (per_handle, offered, scale) = match (pool, step) {
+            (Pool::Small, _) => (
                 SMALL_GROWTH_PAGES,
                 self.spare_after(region, start + len, len)
                     .min(SMALL_GROWTH_PAGES.saturating_sub(len)),
+                self.reserved() / self.page / SMALL_GROWTH_SHARE,
             ),
-            Pool::Large if step.is_some() => (
-                self.handle_pages.min(headroom),
-                match step {
-                    Some(Step::Drift(n)) => self.spare_pages_after(region, start + len, n),
-                    _ => self.spare_after(region, start + len, len),
-                },
+            (Pool::Large, Some(Step::Medium(floor))) => (
+                large_handle,
+                self.spare_after(region, start + len, len),
+                (self.grown_pages / GROWTH_SHARE).max(floor.saturating_sub(len) as u64),
             ),
-            Pool::Large => (self.handle_pages.min(headroom), 0),
-        };
-        // How far a step goes: the small pool's (a few pages, shared by slabs of every class)
-        // scales with all that is held; a medium block's with the pages created in steps so far,
-        // so that a few medium blocks beside large ones are not rounded up, but to at least
-        // what `step` asks with the run, so that a small workload does not grow by the page
-        // where PyTorch's first 20 MiB segment would serve it whole. Handles with spare
-        // pages hold at most their share of the limit: spare pages join other blocks, and a
-        // handle whose pages serve several blocks cannot move while any of them lives. A private
-        // pool (graph capture) keeps its pages until it is released: no step.
-        let scale = match pool {
-            Pool::Small => self.reserved() / self.page / SMALL_GROWTH_SHARE,
-            Pool::Large => match step {
-                Some(Step::Drift(n)) => n as u64,
-                Some(Step::Medium(floor)) => {
-                    (self.grown_pages / GROWTH_SHARE).max(floor.saturating_sub(len) as u64)
-                }
-                None => 0,
-            },
+            (Pool::Large, Some(Step::Drift(n))) => (
+                large_handle,
+                self.spare_pages_after(region, start + len, n),
+                n as u64,
+            ),
+            (Pool::Large, None) => (large_handle, 0, 0),
         };
         let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
             .saturating_sub(self.shared_pages + len as u64);

@@ -235,7 +235,7 @@ fn free_all_and_trim(arena: &Arena, blocks: impl IntoIterator<Item = u64>) {
 /// would straddle both blocks' pages and leave `big` - 2 MiB of mapped pages no block of its
 /// size fits. Taken from its end, the range stays where the block that freed it was, and both
 /// come back to their own pages with no driver call. Returns the arena, empty.
-fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> (Arc<SimDevice>, Arena) {
+fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> Arena {
     let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
     let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
     let a = arena.malloc(big, 0).unwrap();
@@ -254,7 +254,7 @@ fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> (Arc<SimDevice>, Ar
     assert_eq!(arena.stats().reserved_bytes.all().current, 3 * big as i64);
     arena.check_consistency().unwrap();
     free_all_and_trim(&arena, [c, d, tail]);
-    (sim, arena)
+    arena
 }
 
 #[test]
@@ -270,7 +270,7 @@ fn a_small_medium_block_in_a_freed_range_200_times_its_length_leaves_the_range_w
     // longer than the 2 MiB block, far under 2 GiB, but over 200 times its length
     // (`KEEP_RANGE_TIMES`).
     const BIG: u64 = 512 << 20;
-    let (_sim, arena) = a_2_mib_block_takes_the_end_of_a_freed_range(BIG);
+    let arena = a_2_mib_block_takes_the_end_of_a_freed_range(BIG);
     // A 3 MiB block is not 200 times shorter than that range: it takes the range's start.
     let a = arena.malloc(BIG, 0).unwrap();
     let b = arena.malloc(BIG, 0).unwrap();
