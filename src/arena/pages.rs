@@ -93,16 +93,15 @@ impl Inner {
         let (first, last) = self.pages_of(region, addr, len);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
-        // what the ramp allows. Larger ones map what they need, but for a block that drifted
-        // (`drifted`): its handle also covers some pages after it.
+        // what the ramp allows. Larger ones map what they need, but for a block that drifted or
+        // grows for layout (`large_spare`): its handle also covers some pages after it.
         let step = match len {
             l if l < FLOOR_BELOW_BYTES => Some(Step::Medium(self.growth_floor_pages)),
             l if l < MEDIUM_BYTES => Some(Step::Medium(0)),
-            l if self.drifted(region, l, addr) => {
-                let spare = self.page_of(l) / DRIFT_SPARE_SHARE;
-                Some(Step::Drift(u32::try_from(spare).unwrap_or(u32::MAX)))
-            }
-            _ => None,
+            l => match self.large_spare(region, l, addr) {
+                0 => None,
+                n => Some(Step::Spare(u32::try_from(n).unwrap_or(u32::MAX))),
+            },
         };
         if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, step) {
             self.count_range(region, addr, len, false);
@@ -115,6 +114,34 @@ impl Inner {
             self.grown_lengths.insert(len, (addr, self.tick));
         }
         Ok(())
+    }
+
+    /// Spare pages for the handle of a large block of `len` bytes at `addr` in `region` that
+    /// needs new pages: the more of what its drift (`drifted`, [`DRIFT_SPARE_SHARE`]) and
+    /// growth for layout (`layout_spare`) allow; 0 for none.
+    fn large_spare(&self, region: u32, len: u64, addr: u64) -> u64 {
+        let drift = match self.drifted(region, len, addr) {
+            true => self.page_of(len) / DRIFT_SPARE_SHARE,
+            false => 0,
+        };
+        drift.max(self.layout_spare(region, len, addr))
+    }
+
+    /// Spare pages for a large block that needs new pages without taking the bytes requested
+    /// to a new peak: up to 1/[`LAYOUT_SPARE_SHARE`] of its length, as long as the bytes
+    /// reserved, its own new pages and the spare counted, stay within 1/[`LAYOUT_HEADROOM_SHARE`]
+    /// of the peak requested. 0 for a block that takes them to a new peak (the arena grows for
+    /// what is asked, as it must, and no more).
+    fn layout_spare(&self, region: u32, len: u64, addr: u64) -> u64 {
+        let now = self.stats.requested_bytes.all().current.max(0) as u64;
+        let high = self.requested_high;
+        if now.saturating_add(len) > high {
+            return 0;
+        }
+        let new = self.unmapped_pages(region, addr, len, u64::MAX) * self.page;
+        let cap = high.saturating_add(high / LAYOUT_HEADROOM_SHARE);
+        let room = cap.saturating_sub(self.reserved().saturating_add(new));
+        room.min(len / LAYOUT_SPARE_SHARE) / self.page
     }
 
     /// Whether a large block of `len` bytes placed at `addr` in `region`, which needs new pages,
@@ -267,12 +294,12 @@ impl Inner {
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
-    /// With a `step` (a medium block's last run, or a drifted large block's), growth comes in
+    /// With a `step` (a medium block's last run, or a large block's with spare pages), growth comes in
     /// steps: when a handle must be created and the pages after the run are unmapped too, it
     /// also covers some of them (mapped, unused, ready for the next block placed there). A
     /// medium block's step goes up to [`GROWTH_BYTES`] in all, as PyTorch rounds medium requests
-    /// up to 20 MiB segments, so one create serves several medium blocks; a drifted block's
-    /// covers what [`Step::Drift`] says, for the next shift of its place.
+    /// up to 20 MiB segments, so one create serves several medium blocks; a large block's
+    /// covers what [`Step::Spare`] says, for the next shift of its place.
     /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
     fn back_run(
         &mut self,
@@ -295,8 +322,8 @@ impl Inner {
         // scales with all that is held; a medium block's with the pages created in steps so far,
         // so that a few medium blocks beside large ones are not rounded up, but to at least
         // what its `Step::Medium` asks with the run, so that a small workload does not grow by
-        // the page where PyTorch's first 20 MiB segment would serve it whole; a drifted block's
-        // is what its `Step::Drift` says. Handles with spare pages hold at most their share of
+        // the page where PyTorch's first 20 MiB segment would serve it whole; a large block's
+        // is what its `Step::Spare` says. Handles with spare pages hold at most their share of
         // the limit: spare pages join other blocks, and a handle whose pages serve several
         // blocks cannot move while any of them lives. A private pool (graph capture) keeps its
         // pages until it is released: no step.
@@ -313,7 +340,7 @@ impl Inner {
                 self.spare_after(region, start + len, len),
                 (self.grown_pages / GROWTH_SHARE).max(floor.saturating_sub(len) as u64),
             ),
-            (Pool::Large, Some(Step::Drift(n))) => (
+            (Pool::Large, Some(Step::Spare(n))) => (
                 large_handle,
                 self.spare_pages_after(region, start + len, n),
                 n as u64,

@@ -36,6 +36,9 @@ impl Inner {
         st.allocated_bytes.increase(pool, block as i64);
         st.active_bytes.increase(pool, block as i64);
         st.requested_bytes.increase(pool, size as i64);
+        self.requested_high = self
+            .requested_high
+            .max(st.requested_bytes.all().current as u64);
         self.update_inactive_split(pool);
     }
 
@@ -142,9 +145,9 @@ impl Inner {
             self.nonempty_slab_bytes -= self.slabs[id as usize].span;
         }
         if is_current {
-            // An emptied current slab of a page or more dissolves too: kept, it would hold a
-            // whole page for a class that may not come back.
-            if used == 1 && self.slabs[id as usize].span >= self.page {
+            // An emptied current slab of DISSOLVE_EMPTY_SPAN or more dissolves too
+            // (`DISSOLVE_EMPTY_SPAN`).
+            if used == 1 && self.slabs[id as usize].span >= DISSOLVE_EMPTY_SPAN {
                 self.streams[s as usize].classes[ci].current = None;
                 self.dissolve_slab(id);
             }

@@ -365,6 +365,47 @@ fn a_block_whose_place_drifts_between_steps_gets_spare_pages_and_stops_growing()
     assert_eq!(calls, 3);
 }
 
+/// Growth for layout, not demand (`LAYOUT_SPARE_SHARE`, `LAYOUT_HEADROOM_SHARE` in
+/// `src/arena/mod.rs`). A 1 GiB block lives throughout; blocks of 200, 100 and 200 MiB after it
+/// take the bytes requested to their peak, 1,524 MiB, and the arena maps exactly that. With the
+/// two 200 MiB blocks freed, a 250 MiB block fits neither the hole they left below the 100 MiB
+/// one nor the mapped pages above it: it needs 50 MiB of new pages while 1,374 MiB are
+/// requested, under the peak. Its handle also covers the free pages after it, as far as 5 % over
+/// the peak requested allows (1,600 MiB reserved: 26 MiB more), so a 270 MiB block there next
+/// needs no new page.
+#[test]
+fn a_block_that_grows_the_arena_below_the_peak_requested_gets_spare_pages_up_to_5_percent() {
+    const MIB: u64 = 1 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let reserved = || arena.stats().reserved_bytes.all().current as u64 / MIB;
+    let model = arena.malloc(1024 * MIB, 0).unwrap();
+    let p1 = arena.malloc(200 * MIB, 0).unwrap();
+    let p2 = arena.malloc(100 * MIB, 0).unwrap();
+    let p3 = arena.malloc(200 * MIB, 0).unwrap();
+    assert_eq!(
+        (p1, p2, p3),
+        (model + 1024 * MIB, p1 + 200 * MIB, p2 + 100 * MIB)
+    );
+    assert_eq!(reserved(), 1524, "growth to a new peak maps what it needs");
+    arena.free(p1, None, 0).unwrap();
+    arena.free(p3, None, 0).unwrap();
+    let y = arena.malloc(250 * MIB, 0).unwrap();
+    assert_eq!(y, p3, "it lands above the 100 MiB block");
+    assert_eq!(reserved(), 1600, "50 MiB it needs and 26 MiB spare");
+    arena.free(y, None, 0).unwrap();
+    let before = sim.counters();
+    let z = arena.malloc(270 * MIB, 0).unwrap();
+    assert_eq!(z, y);
+    assert_eq!(
+        sim.counters().since(&before).memory_calls(),
+        0,
+        "on spare pages"
+    );
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, [model, p2, z]);
+}
+
 #[test]
 fn a_small_workload_grows_in_steps_as_native_does() {
     // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs

@@ -213,3 +213,32 @@ fn a_failure_while_creating_a_slab_on_a_shared_page_changes_nothing() {
 fn the_chunk_is_the_slab_granule() {
     assert_eq!(CHUNK, 64 << 10);
 }
+
+#[test]
+fn an_emptied_slab_of_large_slots_gives_its_stretch_of_the_pool_back() {
+    // A 140 KiB request takes a slab of the 144 KiB class: 8 slots over 1.125 MiB of page 0.
+    // Emptied, that slab dissolves although it is its class's current one (it spans over
+    // `DISSOLVE_EMPTY_SPAN`, 1 MiB), so a 256 KiB class's slab, 2 MiB long, then fits on the
+    // page: no driver call. Kept, it would push that slab across onto a new page.
+    let (sim, arena) = rig(64 << 20);
+    let a = arena.malloc(140 << 10, 0).unwrap();
+    assert_eq!(small_reserved(&arena), PAGE as i64);
+    arena.free(a, Some(140 << 10), 0).unwrap();
+    assert!(
+        arena.extras().classes.iter().all(|c| c.slabs == 0),
+        "the empty slab dissolved"
+    );
+    let before = sim.counters();
+    let b = arena.malloc(256 << 10, 0).unwrap();
+    assert_eq!(sim.counters().since(&before).memory_calls(), 0);
+    assert_eq!(b / PAGE, a / PAGE, "on the same page");
+    // A slab of small slots stays when emptied, ready for its class: no churn for a class that
+    // takes one slot and gives it back.
+    let c = arena.malloc(4096, 0).unwrap();
+    arena.free(c, Some(4096), 0).unwrap();
+    assert_eq!(
+        arena.extras().classes.iter().map(|c| c.slabs).sum::<u64>(),
+        2
+    );
+    arena.check_consistency().unwrap();
+}
