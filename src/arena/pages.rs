@@ -90,6 +90,9 @@ impl Inner {
         if self.count_range(region, addr, len, true) {
             return Ok(()); // every page mapped already: the usual case, a freed block reused
         }
+        if self.regions[region as usize].plain {
+            return Ok(()); // no VMM: a plain segment is backed whole, with no page to map
+        }
         let (first, last) = self.pages_of(region, addr, len);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
@@ -294,12 +297,12 @@ impl Inner {
     }
 
     /// Map handles over the unmapped run `start..start+len` of `region`, granting access once.
-    /// With a `step` (a medium block's last run, or a large block's with spare pages), growth comes in
-    /// steps: when a handle must be created and the pages after the run are unmapped too, it
-    /// also covers some of them (mapped, unused, ready for the next block placed there). A
-    /// medium block's step goes up to [`GROWTH_BYTES`] in all, as PyTorch rounds medium requests
-    /// up to 20 MiB segments, so one create serves several medium blocks; a large block's
-    /// covers what [`Step::Spare`] says, for the next shift of its place.
+    /// With a `step` (a medium block's last run, or a large block's with spare pages), growth
+    /// comes in steps: when a handle must be created and the pages after the run are unmapped
+    /// too, it also covers some of them (mapped, unused, ready for the next block placed
+    /// there). A medium block's step goes up to [`GROWTH_BYTES`] in all, as PyTorch rounds
+    /// medium requests up to 20 MiB segments, so one create serves several medium blocks; a
+    /// large block's covers what [`Step::Spare`] says, for the next shift of its place.
     /// The small pool grows the same way, up to [`SMALL_GROWTH_PAGES`] at a time.
     fn back_run(
         &mut self,
