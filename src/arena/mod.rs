@@ -117,8 +117,8 @@ const SMALL_GROWTH_PAGES: u32 = 4;
 const SMALL_GROWTH_SHARE: u64 = 256;
 /// The current slab of a class stays when its last slot is freed, ready for the class's next
 /// request, unless it spans this much or more: classes of large slots (from 128 KiB) have slabs
-/// of 1 to 8 MiB, and kept empty they hold long stretches of the small pool that slabs of other
-/// classes then cannot use. The GPU suite's steps workload grew the small pool in its 25th step
+/// of 1 to 3 MiB, and kept empty they hold long stretches of the small pool that slabs of other
+/// classes then cannot use (from 2 MiB, a page, they dissolved before). The GPU suite's steps workload grew the small pool in its 25th step
 /// so (on the H200, 2026-11-27), holding 16 MiB with under 6 MiB allocated; at 2 MiB (a page, as
 /// before) the lab makes the same growth from the run's recording, at 1 MiB none, and no shared
 /// trace's counts move (BENCHMARKS.md, "Nearby orders").
@@ -146,7 +146,7 @@ const DRIFT_SPARE_SHARE: u64 = 8;
 /// a little higher in one step than in another. Such growth comes back, a little further each
 /// time. So its handle also covers up to 1/`LAYOUT_SPARE_SHARE` of the block's length in free
 /// pages after it, as long as the bytes reserved stay within 1/`LAYOUT_HEADROOM_SHARE` of the peak
-/// requested: the 5 % fragmentation the issue's targets allow (PyTorch's allocator held 5.6 %
+/// requested: the 5 % fragmentation the issue's targets allow (PyTorch's allocator ran at 5.6 %
 /// over the GPU suite's steps workload). Measured on perturbed orders of the GPU recordings at
 /// 1/1, 1/2 and 1/4 of the length and 1/16, 1/20 and 1/24 of the peak (BENCHMARKS.md, "Nearby
 /// orders"): 1/2 and 1/20 take the runs of one shape that grow after warm-up from 34 and 35 of
@@ -528,8 +528,9 @@ struct Inner {
     /// such block of each went and when (`tick`): what `Inner::drifted` compares a block that
     /// needs pages with. At most [`GROWN_LENGTHS_KEPT`], then forgotten all at once.
     grown_lengths: IntMap<u64, (u64, u64)>,
-    /// The most bytes ever requested at once: the peak of `stats.requested_bytes`, which
-    /// `reset_peak_memory_stats` does not reset (`Inner::layout_spare`).
+    /// The peak of `stats.requested_bytes` before the last `reset_peak_memory_stats`: with the
+    /// stats' own peak, the most bytes ever requested at once (`Inner::requested_high`), kept
+    /// off the malloc path.
     requested_high: u64,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
@@ -745,7 +746,9 @@ impl Arena {
     }
 
     pub fn reset_peak_stats(&self) {
-        self.inner.lock().stats.reset_peak();
+        let mut g = self.inner.lock();
+        g.requested_high = g.requested_high();
+        g.stats.reset_peak();
     }
 
     pub fn reset_accumulated_stats(&self) {

@@ -137,7 +137,7 @@ impl Inner {
     /// what is asked, as it must, and no more).
     fn layout_spare(&self, region: u32, len: u64, addr: u64) -> u64 {
         let now = self.stats.requested_bytes.all().current.max(0) as u64;
-        let high = self.requested_high;
+        let high = self.requested_high();
         if now.saturating_add(len) > high {
             return 0;
         }
@@ -145,6 +145,12 @@ impl Inner {
         let cap = high.saturating_add(high / LAYOUT_HEADROOM_SHARE);
         let room = cap.saturating_sub(self.reserved().saturating_add(new));
         room.min(len / LAYOUT_SPARE_SHARE) / self.page
+    }
+
+    /// The most bytes ever requested at once, whatever `reset_peak_memory_stats` reset.
+    pub(super) fn requested_high(&self) -> u64 {
+        let peak = self.stats.requested_bytes.all().peak.max(0) as u64;
+        self.requested_high.max(peak)
     }
 
     /// Whether a large block of `len` bytes placed at `addr` in `region`, which needs new pages,

@@ -36,9 +36,6 @@ impl Inner {
         st.allocated_bytes.increase(pool, block as i64);
         st.active_bytes.increase(pool, block as i64);
         st.requested_bytes.increase(pool, size as i64);
-        self.requested_high = self
-            .requested_high
-            .max(st.requested_bytes.all().current as u64);
         self.update_inactive_split(pool);
     }
 
@@ -145,8 +142,7 @@ impl Inner {
             self.nonempty_slab_bytes -= self.slabs[id as usize].span;
         }
         if is_current {
-            // An emptied current slab of DISSOLVE_EMPTY_SPAN or more dissolves too
-            // (`DISSOLVE_EMPTY_SPAN`).
+            // An emptied current slab that long holds stretches of the pool other classes need.
             if used == 1 && self.slabs[id as usize].span >= DISSOLVE_EMPTY_SPAN {
                 self.streams[s as usize].classes[ci].current = None;
                 self.dissolve_slab(id);

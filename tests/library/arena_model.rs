@@ -372,9 +372,15 @@ fn a_block_whose_place_drifts_between_steps_gets_spare_pages_and_stops_growing()
 /// one nor the mapped pages above it: it needs 50 MiB of new pages while 1,374 MiB are
 /// requested, under the peak. Its handle also covers the free pages after it, as far as 5 % over
 /// the peak requested allows (1,600 MiB reserved: 26 MiB more), so a 270 MiB block there next
-/// needs no new page.
+/// needs no new page. The same after `reset_peak_memory_stats` between the peak and the growth:
+/// the peak that counts is the most ever requested.
 #[test]
 fn a_block_that_grows_the_arena_below_the_peak_requested_gets_spare_pages_up_to_5_percent() {
+    layout_spare(false);
+    layout_spare(true);
+}
+
+fn layout_spare(reset_peaks: bool) {
     const MIB: u64 = 1 << 20;
     let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
     let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
@@ -390,6 +396,9 @@ fn a_block_that_grows_the_arena_below_the_peak_requested_gets_spare_pages_up_to_
     assert_eq!(reserved(), 1524, "growth to a new peak maps what it needs");
     arena.free(p1, None, 0).unwrap();
     arena.free(p3, None, 0).unwrap();
+    if reset_peaks {
+        arena.reset_peak_stats();
+    }
     let y = arena.malloc(250 * MIB, 0).unwrap();
     assert_eq!(y, p3, "it lands above the 100 MiB block");
     assert_eq!(reserved(), 1600, "50 MiB it needs and 26 MiB spare");
