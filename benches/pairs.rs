@@ -26,7 +26,8 @@
 //! multiplies the pairs per batch (for profiling); `TORCH_ARENA_BENCH_SKIP=system` (or `arena`)
 //! skips that side (for profiling one alone); `TORCH_ARENA_BENCH_NO_JSON=1` writes no
 //! JSON. `TORCH_ARENA_BENCH_CHILD=MIX/LIVE/THREADS/SIDE` (e.g. `full/1000/1/arena`, SIDE one of
-//! arena, system, harness) runs one side of one configuration in this process and prints its
+//! arena, system, harness, or by hand `shards` and `shards-stats`: see [`Shards`]) runs one side
+//! of one configuration in this process and prints its
 //! figures, which is what the parent does in each child; run the bench binary that way under
 //! `perf record` to profile a single configuration. The child also prints `PAIRS n`, the pairs
 //! it ran after filling (warm-up included): `bench/instructions` runs it under cachegrind at two
@@ -281,6 +282,66 @@ impl Resource for Counter {
 
     fn reserved(&self) -> u64 {
         0
+    }
+}
+
+/// One `Arena` per thread (thread `t` allocates on stream `t + 1`), each on its own simulated
+/// device: what per-stream locking could reach at best, with nothing shared between streams (by
+/// hand only, SIDE `shards`). With `shared_stats` (SIDE `shards-stats`), every malloc and free
+/// also updates one block of counters behind one lock, with exact peaks, as device-wide
+/// statistics shared by the streams would have to be (invariant 3): what that sharing costs.
+/// BENCHMARKS.md, "Targets", has the figures.
+struct Shards {
+    arenas: Vec<Arena>,
+    stats: Mutex<SharedStats>,
+    shared_stats: bool,
+}
+
+/// Eight statistics' current, peak and count: the stand-in for `DeviceStats` in [`Shards`].
+#[derive(Default)]
+struct SharedStats {
+    current: [i64; 8],
+    peak: [i64; 8],
+    count: [i64; 8],
+}
+
+impl Shards {
+    fn arena(&self, stream: u64) -> &Arena {
+        &self.arenas[(stream - 1) as usize]
+    }
+
+    fn count(&self, bytes: i64) {
+        if !self.shared_stats {
+            return;
+        }
+        let mut g = self.stats.lock().unwrap();
+        for i in 0..8 {
+            g.current[i] += bytes;
+            g.peak[i] = g.peak[i].max(g.current[i]);
+            g.count[i] += 1;
+        }
+    }
+}
+
+impl Resource for Shards {
+    #[inline]
+    fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+        let b = Resource::alloc(self.arena(req.stream), req)?;
+        self.count(b.size as i64);
+        Ok(b)
+    }
+
+    #[inline]
+    fn free(&self, ptr: u64, size: u64, stream: u64) -> torch_arena::Result<()> {
+        self.count(-(size as i64));
+        Resource::free(self.arena(stream), ptr, size, stream)
+    }
+
+    fn reserved(&self) -> u64 {
+        self.arenas
+            .iter()
+            .map(|a| a.stats().reserved_bytes.all().current as u64)
+            .sum()
     }
 }
 
@@ -701,6 +762,30 @@ fn measure_side(
             drop(dev);
             side.end_s = t.elapsed().as_secs_f64();
             side
+        }
+        "shards" | "shards-stats" => {
+            let mut arenas = Vec::with_capacity(threads);
+            for _ in 0..threads {
+                let dev =
+                    SimDevice::new(SimConfig::new(capacity_for(mix, live), GRANULARITY, false))
+                        .map_err(|e| format!("sim device: {e}"))?;
+                let arena = Arena::new(Arc::new(dev) as Arc<dyn Device>, &Config::default())
+                    .map_err(|e| format!("arena: {e}"))?;
+                arenas.push(arena);
+            }
+            let shards = Shards {
+                arenas,
+                stats: Mutex::new(SharedStats::default()),
+                shared_stats: side == "shards-stats",
+            };
+            let m = run(&shards, plan, &|| 0, false)?;
+            let (pair, latency) = figures(&m, &plan);
+            Side {
+                pair,
+                latency,
+                fill_s: m.fill.as_secs_f64(),
+                ..Side::default()
+            }
         }
         track if track.starts_with("track-") => {
             let mode = &track["track-".len()..];
