@@ -17,6 +17,29 @@ impl Inner {
         self.stats.reserved_bytes.transfer(from, to, bytes);
     }
 
+    /// Count `bytes` of physical memory just created (one handle or plain segment) for the request
+    /// being served (`Inner::serving`).
+    pub(super) fn count_growth(&mut self, bytes: u64) {
+        let (request, below_peak) = self.serving;
+        let g = match below_peak {
+            true => &mut self.growth.below_peak,
+            false => &mut self.growth.at_peak,
+        };
+        g.handles += 1;
+        g.bytes += bytes;
+        tracing::debug!(
+            device = self.info.ordinal,
+            bytes,
+            request,
+            below_peak,
+            "physical memory created ({})",
+            match below_peak {
+                true => "the bytes requested stay under their peak: layout",
+                false => "the bytes requested reach a new peak",
+            }
+        );
+    }
+
     /// Free bytes held inside pages (or slabs) that also hold live data, and how many such units.
     pub(super) fn update_inactive_split(&mut self, pool: Pool) {
         let (bytes, count) = match pool {
@@ -74,6 +97,7 @@ impl Inner {
             driver: self.dev.counters(),
             bad_frees: self.bad_frees,
             pending_frees: self.pending.len() as u64,
+            growth: self.growth,
         }
     }
 }

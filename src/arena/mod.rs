@@ -532,6 +532,12 @@ struct Inner {
     /// stats' own peak, the most bytes ever requested at once (`Inner::requested_high`), kept
     /// off the malloc path.
     requested_high: u64,
+    /// The request being served (`Inner::malloc`): its bytes, and whether it leaves the bytes
+    /// requested at or under their peak so far; what `growth` counts the memory it creates
+    /// under.
+    serving: (u64, bool),
+    /// Physical memory created so far, by what its request did to the bytes requested.
+    growth: GrowthCounts,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
     /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
@@ -627,6 +633,8 @@ impl Arena {
             grown_pages: 0,
             grown_lengths: IntMap::default(),
             requested_high: 0,
+            serving: (0, false),
+            growth: GrowthCounts::default(),
             idle_len: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
             // counts its handle's pages in a u16, so that bounds a handle sized to its run.
@@ -749,6 +757,12 @@ impl Arena {
         let mut g = self.inner.lock();
         g.requested_high = g.requested_high();
         g.stats.reset_peak();
+    }
+
+    /// Physical memory created so far, by whether its request took the bytes requested to a new
+    /// peak (also in [`Arena::extras`], which costs more: it walks the slabs).
+    pub fn growth(&self) -> GrowthCounts {
+        self.inner.lock().growth
     }
 
     pub fn reset_accumulated_stats(&self) {

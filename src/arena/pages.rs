@@ -56,6 +56,7 @@ impl Inner {
             self.stats.segment.increase(pool, 1);
             self.stats.reserved_bytes.increase(pool, len as i64);
             self.stats.num_device_alloc += 1;
+            self.count_growth(len);
             (base, len, true)
         };
         let region = Region {
@@ -495,6 +496,7 @@ impl Inner {
                             .reserved_bytes
                             .increase(Pool::Large, (k as u64 * self.page) as i64);
                         self.stats.num_device_alloc += 1;
+                        self.count_growth(k as u64 * self.page);
                         got.push((h, k));
                         have += k;
                         continue;

@@ -37,6 +37,42 @@ impl PageCounts {
     }
 }
 
+/// Physical memory created (a handle, or with no VMM a segment) for one kind of request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Growth {
+    /// cuMemCreate (or cuMemAlloc) calls.
+    pub handles: u64,
+    pub bytes: u64,
+}
+
+/// What the arena created, by what the request it served did to the bytes requested: take them
+/// to a new peak (growth a step needs, whatever the allocator), or not (the memory was there,
+/// but not where the request landed: layout, or memory another stream or pool holds). Growth
+/// after warm-up below the peak is what a steady state has to avoid (BENCHMARKS.md, "Nearby
+/// orders"). The peak is the most ever requested at once, whatever `reset_peak_memory_stats`
+/// reset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrowthCounts {
+    /// For requests that took the bytes requested to a new peak.
+    pub at_peak: Growth,
+    /// For requests that left them at or under the peak so far.
+    pub below_peak: Growth,
+}
+
+impl GrowthCounts {
+    /// What was created between `before` and now (`self`).
+    pub fn since(&self, before: &GrowthCounts) -> GrowthCounts {
+        let d = |a: Growth, b: Growth| Growth {
+            handles: a.handles.saturating_sub(b.handles),
+            bytes: a.bytes.saturating_sub(b.bytes),
+        };
+        GrowthCounts {
+            at_peak: d(self.at_peak, before.at_peak),
+            below_peak: d(self.below_peak, before.below_peak),
+        }
+    }
+}
+
 /// Everything the torch-arena section of `memory_summary` shows beyond PyTorch's table.
 #[derive(Clone, Debug, Default)]
 pub struct ArenaExtras {
@@ -54,6 +90,8 @@ pub struct ArenaExtras {
     pub bad_frees: u64,
     /// Allocations freed whose events (record_stream) have not completed yet.
     pub pending_frees: u64,
+    /// Physical memory created, by whether its request took the bytes requested to a new peak.
+    pub growth: GrowthCounts,
 }
 
 /// What `defragment` or `empty_cache` recovered. `#[repr(C)]`: the C ABI's

@@ -360,6 +360,19 @@ fn arena_lines(device: i32, stats: &DeviceStats, extras: &ArenaExtras) -> Vec<St
     let [a, b, c, d] = counts.map(|n| size_cell(n.saturating_mul(p.page_size)));
     lines.push(grid("      bytes", [&a, &b, &c, &d]));
 
+    // Physical memory created, by what its request did to the bytes requested.
+    let g = &extras.growth;
+    let blank = " ".repeat(10);
+    lines.push(dash.clone());
+    lines.push(grid_header(
+        "Memory created for",
+        ["A new peak", "Under peak", "", ""],
+    ));
+    let [a, b] = [g.at_peak.handles, g.below_peak.handles].map(count_cell);
+    lines.push(grid("      handles", [&a, &b, &blank, &blank]));
+    let [a, b] = [g.at_peak.bytes, g.below_peak.bytes].map(size_cell);
+    lines.push(grid("      bytes", [&a, &b, &blank, &blank]));
+
     // Size classes with slabs.
     lines.push(dash.clone());
     lines.push(grid_header(

@@ -34,6 +34,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::replay::{Point, Policy, ReplayResult, SeriesBuilder, Timing};
 use super::{Op, Trace};
+use crate::arena::GrowthCounts;
 use crate::device::DriverCounters;
 use crate::error::{Error, Result};
 
@@ -182,6 +183,13 @@ struct Native<'a> {
     lag_ns: u64,
     /// The most reserved since `take_peak_reserved`.
     step_peak: u64,
+    /// Bytes requested by live allocations, and the most ever (the replay's requests, not
+    /// rounded): what `growth` classifies by.
+    requested: u64,
+    requested_high: u64,
+    /// Segments (or expandable chunks) created, by whether their request took the bytes
+    /// requested to a new peak.
+    growth: GrowthCounts,
 }
 
 impl<'a> Native<'a> {
@@ -205,6 +213,9 @@ impl<'a> Native<'a> {
             syncs: 0,
             lag_ns: 0,
             step_peak: 0,
+            requested: 0,
+            requested_high: 0,
+            growth: GrowthCounts::default(),
         }
     }
 
@@ -664,7 +675,28 @@ impl<'a> Native<'a> {
 
 impl Policy for Native<'_> {
     fn malloc(&mut self, _event: usize, _id: u64, size: u64, stream: u64) -> Result<u64> {
-        match Native::malloc(self, size, stream) {
+        let before = (
+            self.created,
+            self.calls.mem_alloc_bytes + self.calls.mem_create_bytes,
+        );
+        let got = Native::malloc(self, size, stream);
+        let now = (
+            self.created,
+            self.calls.mem_alloc_bytes + self.calls.mem_create_bytes,
+        );
+        if got.is_some() {
+            self.requested = self.requested.saturating_add(size);
+        }
+        if now.0 > before.0 {
+            let g = match self.requested <= self.requested_high {
+                true => &mut self.growth.below_peak,
+                false => &mut self.growth.at_peak,
+            };
+            g.handles += now.0 - before.0;
+            g.bytes += now.1.saturating_sub(before.1);
+        }
+        self.requested_high = self.requested_high.max(self.requested);
+        match got {
             Some(b) => Ok(b as u64),
             None => Err(Error::OutOfMemory(format!(
                 "the emulated native allocator cannot allocate {size} bytes on stream {stream}"
@@ -672,7 +704,8 @@ impl Policy for Native<'_> {
         }
     }
 
-    fn free(&mut self, _event: usize, _id: u64, b: u64, _size: u64, _stream: u64) -> Result<()> {
+    fn free(&mut self, _event: usize, _id: u64, b: u64, size: u64, _stream: u64) -> Result<()> {
+        self.requested = self.requested.saturating_sub(size);
         Native::free(self, b as u32);
         Ok(())
     }
@@ -695,6 +728,10 @@ impl Policy for Native<'_> {
 
     fn stall_ns(&self) -> u64 {
         self.syncs.saturating_mul(self.lag_ns)
+    }
+
+    fn growth(&self) -> Option<GrowthCounts> {
+        Some(self.growth)
     }
 
     fn advance_to(&mut self, _now_ns: u64) {}

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Op, Trace};
-use crate::arena::Arena;
+use crate::arena::{Arena, GrowthCounts};
 use crate::config::Config;
 use crate::device::costs::DriverCosts;
 use crate::device::sim::{SimConfig, SimDevice};
@@ -149,6 +149,9 @@ pub struct StepStats {
     pub modelled_stall_s: f64,
     pub peak_requested: u64,
     pub peak_reserved: u64,
+    /// Physical memory created in the step, by whether its request took the bytes requested to
+    /// a new peak (`None` where the policy does not count it).
+    pub growth: Option<GrowthCounts>,
 }
 
 /// The outcome of one replay of one trace under one setting.
@@ -170,6 +173,9 @@ pub struct ReplayResult {
     pub driver_calls: u64,
     /// The driver calls by kind.
     pub calls: DriverCounters,
+    /// Physical memory created over the replay, by whether its request took the bytes requested
+    /// to a new peak (`None` where the policy does not count it).
+    pub growth: Option<GrowthCounts>,
     /// Σ calls × latency over the replay.
     pub modelled_driver_s: f64,
     /// Host time blocked waiting for the GPU over the replay.
@@ -311,6 +317,11 @@ pub trait Policy {
     fn counters(&self) -> DriverCounters;
     /// Host time blocked waiting for the GPU so far, in nanoseconds.
     fn stall_ns(&self) -> u64;
+    /// Physical memory created so far, by whether its request took the bytes requested to a new
+    /// peak (`None`: not counted).
+    fn growth(&self) -> Option<GrowthCounts> {
+        None
+    }
     /// The host clock is now `now_ns`: work due by then has finished.
     fn advance_to(&mut self, now_ns: u64);
     /// GPU work queued on `stream` before the free of `handle` uses its `size` bytes until
@@ -424,9 +435,11 @@ pub fn run(
     policy.take_peak_reserved();
     // Calls made while the policy was set up (before the first event) are not the trace's.
     let (calls_start, stall_start) = (policy.counters(), policy.stall_ns());
+    let growth_start = policy.growth();
     'passes: for pass in 0..repeat {
         let calls_before = policy.counters();
         let stall_before = policy.stall_ns();
+        let growth_before = policy.growth();
         let mut peak_requested = requested;
         clock.new_pass();
         for (i, e) in trace.events.iter().enumerate() {
@@ -462,6 +475,7 @@ pub fn run(
                                     timing,
                                     &calls_before,
                                     stall_before,
+                                    growth_before,
                                     peak_requested,
                                 ));
                                 break 'passes;
@@ -518,6 +532,7 @@ pub fn run(
             timing,
             &calls_before,
             stall_before,
+            growth_before,
             peak_requested,
         ));
     }
@@ -541,6 +556,7 @@ pub fn run(
         oom,
         elapsed,
         driver_calls: calls.total(),
+        growth: since(policy.growth(), growth_start),
         modelled_driver_s: timing.costs.seconds(&calls),
         modelled_stall_s: policy.stall_ns().saturating_sub(stall_start) as f64 / 1e9,
         calls,
@@ -573,16 +589,23 @@ fn step_stats(
     timing: &Timing,
     calls_before: &DriverCounters,
     stall_before: u64,
+    growth_before: Option<GrowthCounts>,
     peak_requested: u64,
 ) -> StepStats {
     let calls = policy.counters().since(calls_before);
     StepStats {
+        growth: since(policy.growth(), growth_before),
         modelled_driver_s: timing.costs.seconds(&calls),
         modelled_stall_s: policy.stall_ns().saturating_sub(stall_before) as f64 / 1e9,
         calls,
         peak_requested,
         peak_reserved: policy.take_peak_reserved(),
     }
+}
+
+/// What was created between `before` and `now`, where the policy counts it.
+fn since(now: Option<GrowthCounts>, before: Option<GrowthCounts>) -> Option<GrowthCounts> {
+    Some(now?.since(&before.unwrap_or_default()))
 }
 
 /// The arena on a fresh simulated device: the [`Policy`] of [`replay`].
@@ -748,6 +771,10 @@ impl Policy for ArenaPolicy {
 
     fn stall_ns(&self) -> u64 {
         self.sim.stall_ns()
+    }
+
+    fn growth(&self) -> Option<GrowthCounts> {
+        Some(self.arena.growth())
     }
 
     fn advance_to(&mut self, now_ns: u64) {

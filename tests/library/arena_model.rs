@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use model::{PAGE, Rig, TestGpu, op_strategy};
 use proptest::prelude::*;
-use torch_arena::arena::Arena;
+use torch_arena::arena::{Arena, Growth};
 use torch_arena::config::Config;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, StreamId};
@@ -413,6 +413,55 @@ fn layout_spare(reset_peaks: bool) {
     );
     arena.check_consistency().unwrap();
     free_all_and_trim(&arena, [model, p2, z]);
+}
+
+/// Memory created is counted by what its request did to the bytes requested: growth to a new
+/// peak (what any allocator must create) apart from growth below it (the memory was there, but
+/// not where the request landed), and the peak that counts is the most ever requested, whatever
+/// `reset_peak_memory_stats` reset. The layout of `layout_spare` above: a 250 MiB block that
+/// needs pages while only 1,374 MiB of the 1,524 MiB peak is requested.
+#[test]
+fn memory_created_is_counted_by_whether_its_request_reached_a_new_peak() {
+    for reset_peaks in [false, true] {
+        const MIB: u64 = 1 << 20;
+        let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        let grown = |handles, mib| Growth {
+            handles,
+            bytes: mib * MIB,
+        };
+        let model = arena.malloc(1024 * MIB, 0).unwrap();
+        let p1 = arena.malloc(200 * MIB, 0).unwrap();
+        let p2 = arena.malloc(100 * MIB, 0).unwrap();
+        let p3 = arena.malloc(200 * MIB, 0).unwrap();
+        let g = arena.growth();
+        assert_eq!((g.at_peak, g.below_peak), (grown(4, 1524), grown(0, 0)));
+        arena.free(p1, None, 0).unwrap();
+        arena.free(p3, None, 0).unwrap();
+        if reset_peaks {
+            arena.reset_peak_stats();
+        }
+        let y = arena.malloc(250 * MIB, 0).unwrap();
+        let g = arena.growth();
+        assert_eq!(
+            (g.at_peak, g.below_peak),
+            (grown(4, 1524), grown(1, 76)),
+            "50 MiB needed and 26 MiB of layout spare, below the peak (reset: {reset_peaks})"
+        );
+        assert_eq!(arena.extras().growth, g);
+        assert_eq!(
+            sim.counters().mem_create,
+            g.at_peak.handles + g.below_peak.handles
+        );
+        // A block that takes the bytes requested past the old peak counts as peak growth, even
+        // where it also lands on pages created before.
+        let big = arena.malloc(600 * MIB, 0).unwrap();
+        let g2 = arena.growth().since(&g);
+        assert_eq!(g2.below_peak, grown(0, 0));
+        assert_eq!(g2.at_peak.handles, 1);
+        arena.check_consistency().unwrap();
+        free_all_and_trim(&arena, [model, p2, y, big]);
+    }
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! below it), counts switching to K and M exactly at 750 000 / 750 000 000, zero rows, and an
 //! 8-digit retry count that fills its field.
 
-use torch_arena::arena::{ArenaExtras, ClassOccupancy, PageCounts};
+use torch_arena::arena::{ArenaExtras, ClassOccupancy, Growth, GrowthCounts, PageCounts};
 use torch_arena::device::DriverCounters;
 use torch_arena::stats::keys::{self, NUM_KEYS};
 use torch_arena::stats::summary::{self, memory_summary, torch_table};
@@ -435,6 +435,16 @@ fn extras() -> ArenaExtras {
         },
         bad_frees: 2,
         pending_frees: 5,
+        growth: GrowthCounts {
+            at_peak: Growth {
+                handles: 14,
+                bytes: 30 << 20,
+            },
+            below_peak: Growth {
+                handles: 2,
+                bytes: 3 << 30,
+            },
+        },
     }
 }
 
@@ -509,6 +519,22 @@ fn arena_section_contents() {
         )
     );
     assert!(!section.contains("1280 B"));
+    // Memory created, by what its request did to the bytes requested.
+    assert!(
+        section.contains(
+            "| Memory created for    | A new peak | Under peak |            |            |"
+        )
+    );
+    assert!(
+        section.contains(
+            "|       handles         |      14    |       2    |            |            |"
+        )
+    );
+    assert!(
+        section.contains(
+            "|       bytes           |   30.0 MiB |    3.0 GiB |            |            |"
+        )
+    );
     assert!(section.contains("| Bad frees             | 2 "));
     assert!(section.contains("| Pending frees         | 5 "));
     // Driver calls: non-zero ones and the total.

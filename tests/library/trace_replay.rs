@@ -78,6 +78,36 @@ fn opts(capacity: u64, check: bool, backing: bool) -> ReplayOptions {
 
 // ---- native emulation: one test per rule ------------------------------------------------------
 
+/// Both allocators' growth, as the replay reports it, by what each request did to the bytes
+/// requested: three 30 MiB blocks take them to a peak of 90 MiB; with the first and last freed,
+/// a 40 MiB block (70 MiB requested) fits neither hole. Native gives it a segment of its own;
+/// the arena maps the 10 MiB it lacks past the last hole. Both are growth below the peak.
+#[test]
+fn replay_counts_growth_below_the_peak_apart_for_both_allocators() {
+    use S::*;
+    let t = trace(&[
+        A(1, 30 * MIB),
+        A(2, 30 * MIB),
+        A(3, 30 * MIB),
+        F(1),
+        F(3),
+        A(4, 40 * MIB),
+    ]);
+    let growth = |handles, mib| torch_arena::arena::Growth {
+        handles,
+        bytes: mib * MIB,
+    };
+    let n = nat(&t, 80 * GIB);
+    let g = n.growth.unwrap();
+    assert_eq!((g.at_peak, g.below_peak), (growth(3, 90), growth(1, 40)));
+    let r = replay(&t, &opts(80 * GIB, true, true), &mut |_, _| {}).unwrap();
+    let g = r.growth.unwrap();
+    assert_eq!((g.at_peak, g.below_peak), (growth(3, 90), growth(1, 10)));
+    assert_eq!(r.steps.len(), 1);
+    assert_eq!(r.steps[0].growth, r.growth);
+    assert_eq!(r.calls.mem_create, 4);
+}
+
 #[test]
 fn native_rounds_to_512_and_picks_segment_sizes() {
     assert_eq!(round_size(1), 512);

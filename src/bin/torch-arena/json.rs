@@ -41,10 +41,29 @@ pub(crate) fn steps_json(steps: &[StepStats]) -> String {
                 .float("modelled_stall_s", st.modelled_stall_s)
                 .num("peak_requested_bytes", st.peak_requested)
                 .num("peak_reserved_bytes", st.peak_reserved)
+                .raw("growth", &growth_json(st.growth.as_ref()))
                 .finish()
         })
         .collect();
     format!("[{}]", items.join(", "))
+}
+
+/// Physical memory created, by what its request did to the bytes requested: `{"at_peak":
+/// {"handles", "bytes"}, "below_peak": {...}}`, or `null` where not counted.
+pub(crate) fn growth_json(g: Option<&GrowthCounts>) -> String {
+    let Some(g) = g else {
+        return "null".into();
+    };
+    let one = |x: &Growth| {
+        JsonObject::new()
+            .num("handles", x.handles)
+            .num("bytes", x.bytes)
+            .finish()
+    };
+    JsonObject::new()
+        .raw("at_peak", &one(&g.at_peak))
+        .raw("below_peak", &one(&g.below_peak))
+        .finish()
 }
 
 pub(crate) fn oom_json(o: &OomReport) -> String {

@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use torch_arena::TorchArena;
+use torch_arena::arena::{Growth, GrowthCounts};
 use torch_arena::config::{Config, DeviceKind};
 use torch_arena::device::DriverCounters;
 use torch_arena::device::costs::DriverCosts;
@@ -134,13 +135,17 @@ replay options:
                     (set_access_handles, mem_create_bytes, mem_release_bytes,
                     mem_alloc_bytes, mem_free_bytes: what the calls covered),
                     modelled_driver_s (calls x latency, grants per handle, plus any per-GiB
-                    terms), modelled_stall_s (host blocked waiting for the GPU), steps (one
-                    object per step: driver_calls, driver_calls_by_kind, modelled_driver_s,
-                    modelled_stall_s, peak_requested_bytes, peak_reserved_bytes), gpu_lag_us,
+                    terms), modelled_stall_s (host blocked waiting for the GPU), growth
+                    (physical memory created, as {at_peak, below_peak}, each {handles,
+                    bytes}: for requests that took the bytes requested to a new peak, and for
+                    those that left them at or under it, the growth a steady state avoids),
+                    steps (one object per step: driver_calls, driver_calls_by_kind,
+                    modelled_driver_s, modelled_stall_s, peak_requested_bytes,
+                    peak_reserved_bytes, growth), gpu_lag_us,
                     repeat, driver_costs (where the latencies came from), native_driver_calls,
                     native_driver_calls_by_kind, native_driver_calls_covered,
-                    native_modelled_driver_s,
-                    native_modelled_stall_s, native_driver_calls_from (emulated with --native,
+                    native_modelled_driver_s, native_modelled_stall_s, native_growth (as
+                    growth, for the emulation), native_driver_calls_from (emulated with --native,
                     else recorded: the snapshot's segment events, at least one call each),
                     native_steps (as steps, for the emulation), error; null where unknown. A
                     trace that cannot be read gets {trace, path, error}

@@ -90,6 +90,7 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                         .raw("driver_calls_covered", &covered_json(&r.calls))
                         .float("modelled_driver_s", r.modelled_driver_s)
                         .float("modelled_stall_s", r.modelled_stall_s)
+                        .raw("growth", &growth_json(r.growth.as_ref()))
                         .raw("steps", &steps_json(&r.steps));
                 }
                 Err(_) => {
@@ -101,6 +102,7 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                         .raw("driver_calls_covered", "null")
                         .raw("modelled_driver_s", "null")
                         .raw("modelled_stall_s", "null")
+                        .raw("growth", "null")
                         .raw("steps", "null");
                 }
             }
@@ -129,6 +131,10 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                 .opt_float(
                     "native_modelled_stall_s",
                     em.map(|e| e.result.modelled_stall_s),
+                )
+                .raw(
+                    "native_growth",
+                    &growth_json(em.and_then(|e| e.result.growth.as_ref())),
                 )
                 .str(
                     "native_driver_calls_from",

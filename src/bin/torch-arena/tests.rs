@@ -218,6 +218,16 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
             mem_map: 7,
             ..Default::default()
         },
+        growth: Some(GrowthCounts {
+            at_peak: Growth {
+                handles: 9,
+                bytes: 90 << 20,
+            },
+            below_peak: Growth {
+                handles: 1,
+                bytes: 20 << 20,
+            },
+        }),
         modelled_driver_s: 0.5,
         modelled_stall_s: 0.25,
         gpu_lag_ns: 2_000_000,
@@ -329,6 +339,7 @@ const FIELDS: &[&str] = &[
     "driver_calls_covered",
     "modelled_driver_s",
     "modelled_stall_s",
+    "growth",
     "steps",
     "gpu_lag_us",
     "repeat",
@@ -338,6 +349,7 @@ const FIELDS: &[&str] = &[
     "native_driver_calls_covered",
     "native_modelled_driver_s",
     "native_modelled_stall_s",
+    "native_growth",
     "native_driver_calls_from",
     "native_steps",
     "error",
@@ -403,9 +415,13 @@ fn json_lines_parse_back() {
             let k = v.get("driver_calls_by_kind");
             assert_eq!(k.get("cuMemCreate").f64(), 10.0);
             assert_eq!(k.get("cuMemMap").f64(), 7.0);
+            let g = v.get("growth");
+            assert_eq!(g.get("at_peak").get("handles").f64(), 9.0);
+            assert_eq!(g.get("below_peak").get("bytes").f64(), (20u64 << 20) as f64);
             let steps = v.get("steps").arr();
             assert_eq!(steps.len(), 1);
             assert_eq!(steps[0].get("peak_reserved_bytes").f64(), 0.0);
+            assert_eq!(*steps[0].get("growth"), Json::Null, "a step not counted");
         }
         if oom {
             assert_eq!(v.get("oom_event").f64(), 7.0);
