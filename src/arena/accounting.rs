@@ -20,7 +20,9 @@ impl Inner {
     /// Count `bytes` of physical memory just created (one handle or plain segment) for the request
     /// being served (`Inner::serving`).
     pub(super) fn count_growth(&mut self, bytes: u64) {
-        let (request, below_peak) = self.serving;
+        let request = self.serving;
+        let now = self.stats.requested_bytes.all().current.max(0) as u64;
+        let below_peak = now.saturating_add(request) <= self.requested_high();
         let g = match below_peak {
             true => &mut self.growth.below_peak,
             false => &mut self.growth.at_peak,

@@ -19,11 +19,7 @@ impl Inner {
             return Err(self.out_of_memory(size));
         }
         let created = self.stats.num_device_alloc;
-        let requested = self.stats.requested_bytes.all().current.max(0) as u64;
-        self.serving = (
-            size,
-            requested.saturating_add(size) <= self.requested_high(),
-        );
+        self.serving = size;
         match self.try_alloc(size, s, false) {
             Ok(b) => return Ok(self.block(b)),
             Err(Miss::Device(e)) => return Err(e.into()),

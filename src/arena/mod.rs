@@ -532,10 +532,9 @@ struct Inner {
     /// stats' own peak, the most bytes ever requested at once (`Inner::requested_high`), kept
     /// off the malloc path.
     requested_high: u64,
-    /// The request being served (`Inner::malloc`): its bytes, and whether it leaves the bytes
-    /// requested at or under their peak so far; what `growth` counts the memory it creates
-    /// under.
-    serving: (u64, bool),
+    /// The bytes of the request being served (`Inner::malloc`): `count_growth` weighs what it
+    /// does to the bytes requested, which count it only once it is served.
+    serving: u64,
     /// Physical memory created so far, by what its request did to the bytes requested.
     growth: GrowthCounts,
     /// Pages of the handles on all streams' idle lists.
@@ -633,7 +632,7 @@ impl Arena {
             grown_pages: 0,
             grown_lengths: IntMap::default(),
             requested_high: 0,
-            serving: (0, false),
+            serving: 0,
             growth: GrowthCounts::default(),
             idle_len: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
