@@ -449,6 +449,8 @@ fn memory_created_is_counted_by_whether_its_request_reached_a_new_peak() {
             "50 MiB needed and 26 MiB of layout spare, below the peak (reset: {reset_peaks})"
         );
         assert_eq!(arena.extras().growth, g);
+        arena.reset_accumulated_stats();
+        assert_eq!(arena.growth(), g, "counted since the arena started");
         assert_eq!(
             sim.counters().mem_create,
             g.at_peak.handles + g.below_peak.handles
