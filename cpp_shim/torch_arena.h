@@ -128,6 +128,20 @@ typedef struct torch_arena_reclaim_report {
   uint64_t bytes_released;
 } torch_arena_reclaim_report;
 
+/** What torch_arena_growth reports: the physical memory a device's arena created since it
+ *  started (cuMemCreate handles, or cuMemAlloc segments without VMM), by what the request it
+ *  served did to the bytes requested. */
+typedef struct torch_arena_growth_t {
+  /** For requests that took the bytes requested to a new peak (the most ever requested at once,
+   *  whatever reset_peak_memory_stats reset): growth any allocator needs. */
+  uint64_t at_peak_handles;
+  uint64_t at_peak_bytes;
+  /** For requests that left them at or under that peak: the memory existed, not where the
+   *  request landed (layout). After warm-up, this is the growth a steady state avoids. */
+  uint64_t below_peak_handles;
+  uint64_t below_peak_bytes;
+} torch_arena_growth_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -356,6 +370,10 @@ int torch_arena_reset_peak_stats(int device) TORCH_ARENA_NOEXCEPT;
 
 /** reset_accumulated_memory_stats(device): allocated/freed totals and counters to 0. Status code. */
 int torch_arena_reset_accumulated_stats(int device) TORCH_ARENA_NOEXCEPT;
+
+/** The memory `device`'s arena created, into *out. Status code (out == NULL:
+ *  TORCH_ARENA_ERR_INVALID_ARGUMENT). */
+int torch_arena_growth(int device, torch_arena_growth_t* out) TORCH_ARENA_NOEXCEPT;
 
 /** Return empty slabs and idle mapped ranges of `device` to the page pool; *out says what was
  *  recovered. Status code (out == NULL: TORCH_ARENA_ERR_INVALID_ARGUMENT, nothing done). */

@@ -270,6 +270,11 @@ impl TorchArena {
         Ok(self.arena(device)?.stats())
     }
 
+    /// The memory `device`'s arena created, by what each request did to the bytes requested.
+    pub fn growth(&self, device: i32) -> Result<crate::arena::GrowthCounts> {
+        Ok(self.arena(device)?.growth())
+    }
+
     pub fn extras(&self, device: i32) -> Result<ArenaExtras> {
         Ok(self.arena(device)?.extras())
     }

@@ -55,6 +55,10 @@ fn null_out_pointers_are_errors_not_crashes() {
         TORCH_ARENA_ERR_INVALID_ARGUMENT
     );
     assert_eq!(
+        unsafe { torch_arena_growth(0, std::ptr::null_mut()) },
+        TORCH_ARENA_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
         unsafe { torch_arena_empty_cache_report(std::ptr::null_mut()) },
         TORCH_ARENA_ERR_INVALID_ARGUMENT
     );
@@ -255,6 +259,49 @@ fn stats_keys_are_the_122_sorted_memory_stats_keys() {
     assert!(torch_arena_stats_key(-1).is_null());
     // The pointers are static: the same on every call.
     assert_eq!(torch_arena_stats_key(5), torch_arena_stats_key(5));
+}
+
+/// `torch_arena_growth` counts what the arena creates: with its cache given back, a 32 MiB block
+/// needs new pages, at least its own 32 MiB in one handle or more.
+#[test]
+fn growth_counts_the_memory_created() {
+    let _g = setup();
+    let total = |g: &TorchArenaGrowth| {
+        (
+            g.at_peak_handles + g.below_peak_handles,
+            g.at_peak_bytes + g.below_peak_bytes,
+        )
+    };
+    let mut r = TorchArenaReclaimReport::default();
+    assert_eq!(
+        unsafe { torch_arena_empty_cache_report(&mut r) },
+        TORCH_ARENA_OK
+    );
+    let mut before = TorchArenaGrowth::default();
+    assert_eq!(
+        unsafe { torch_arena_growth(0, &mut before) },
+        TORCH_ARENA_OK,
+        "{}",
+        last_error()
+    );
+    let mut p: *mut c_void = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { torch_arena_try_malloc(32 << 20, 0, std::ptr::null_mut(), &mut p) },
+        TORCH_ARENA_OK
+    );
+    let mut after = TorchArenaGrowth::default();
+    assert_eq!(unsafe { torch_arena_growth(0, &mut after) }, TORCH_ARENA_OK);
+    let (b, a) = (total(&before), total(&after));
+    assert!(a.0 > b.0, "no handle counted: {before:?} then {after:?}");
+    assert!(a.1 >= b.1 + (32 << 20), "{before:?} then {after:?}");
+    assert_eq!(
+        torch_arena_try_free(p, 32 << 20, 0, std::ptr::null_mut()),
+        TORCH_ARENA_OK
+    );
+    assert_eq!(
+        unsafe { torch_arena_growth(99, &mut after) },
+        TORCH_ARENA_ERR_BAD_DEVICE
+    );
 }
 
 #[test]

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "Growth",
     "OutOfMemoryError",
     "ReclaimReport",
     "attach_logs",
@@ -42,6 +43,7 @@ __all__ = [
     "drain_logs",
     "empty_cache",
     "empty_cache_report",
+    "growth",
     "has_log",
     "has_track",
     "history_enable",
@@ -109,6 +111,22 @@ class ReclaimReport(ctypes.Structure):
         return {name: int(getattr(self, name)) for name, _ in self._fields_}
 
 
+class Growth(ctypes.Structure):
+    """``torch_arena_growth_t``: the memory a device's arena created, by what each request did to
+    the bytes requested."""
+
+    _fields_ = [
+        ("at_peak_handles", ctypes.c_uint64),
+        ("at_peak_bytes", ctypes.c_uint64),
+        ("below_peak_handles", ctypes.c_uint64),
+        ("below_peak_bytes", ctypes.c_uint64),
+    ]
+
+    def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict, in declaration order."""
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
 def _find_library() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     found = sorted(glob.glob(os.path.join(here, "_native_lib*.so")))
@@ -156,6 +174,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "torch_arena_reset_peak_stats": (_c_int, [_c_int]),
     "torch_arena_reset_accumulated_stats": (_c_int, [_c_int]),
     "torch_arena_defragment": (_c_int, [_c_int, ctypes.POINTER(ReclaimReport)]),
+    "torch_arena_growth": (_c_int, [_c_int, ctypes.POINTER(Growth)]),
     "torch_arena_empty_cache_report": (_c_int, [ctypes.POINTER(ReclaimReport)]),
     "torch_arena_set_oom_observer": (_c_int, [_c_ptr]),
 }
@@ -494,6 +513,13 @@ def defragment(device: int) -> dict[str, int]:
     report = ReclaimReport()
     _check(_lib.torch_arena_defragment(device, ctypes.byref(report)), "torch_arena_defragment")
     return report.as_dict()
+
+
+def growth(device: int) -> dict[str, int]:
+    """The memory ``device``'s arena created, by what each request did to the bytes requested."""
+    out = Growth()
+    _check(_lib.torch_arena_growth(device, ctypes.byref(out)), "torch_arena_growth")
+    return out.as_dict()
 
 
 def empty_cache_report() -> dict[str, int]:

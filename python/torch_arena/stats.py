@@ -27,6 +27,7 @@ __all__ = [
     "current_device",
     "defragment",
     "empty_cache",
+    "growth",
     "max_memory_allocated",
     "max_memory_reserved",
     "memory_allocated",
@@ -249,6 +250,18 @@ def defragment(device: Any = None) -> dict[str, int]:
     idle pages now usable by any range: still reserved, so ``memory_reserved()`` does not drop by
     them), ``bytes_released`` (given back to the driver: 0 here)."""
     return _native.defragment(_device_index(device))
+
+
+@_public
+def growth(device: Any = None) -> dict[str, int]:
+    """The physical memory ``device``'s arena created since it started (cuMemCreate handles, or
+    cuMemAlloc segments without VMM), by what the request it served did to the bytes requested:
+    ``at_peak_handles`` and ``at_peak_bytes`` for requests that took them to a new peak (the most
+    ever requested at once, whatever ``reset_peak_memory_stats`` reset), growth any allocator
+    needs; ``below_peak_handles`` and ``below_peak_bytes`` for those that left them at or under
+    it: the memory existed, but not where the request landed. Read it once per training step:
+    growth below the peak after warm-up is what a steady state avoids."""
+    return _native.growth(_device_index(device))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -131,6 +131,44 @@ pub extern "C" fn torch_arena_reset_accumulated_stats(device: c_int) -> c_int {
     })
 }
 
+/// `torch_arena_growth` in the header: the memory a device's arena created since it started,
+/// by what the request it served did to the bytes requested ([`crate::arena::GrowthCounts`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TorchArenaGrowth {
+    pub at_peak_handles: u64,
+    pub at_peak_bytes: u64,
+    pub below_peak_handles: u64,
+    pub below_peak_bytes: u64,
+}
+
+/// The memory `device`'s arena created, into `*out`. 0 or an error code (`out` NULL:
+/// `TORCH_ARENA_ERR_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `out` is NULL or valid for one `torch_arena_growth` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_growth(device: c_int, out: *mut TorchArenaGrowth) -> c_int {
+    status("torch_arena_growth", || {
+        if out.is_null() {
+            return Err(Failure::invalid("torch_arena_growth: out is NULL"));
+        }
+        let inst = instance()?;
+        let r = inst.growth(device);
+        watch_device(inst, device, &r);
+        let g = r?;
+        let v = TorchArenaGrowth {
+            at_peak_handles: g.at_peak.handles,
+            at_peak_bytes: g.at_peak.bytes,
+            below_peak_handles: g.below_peak.handles,
+            below_peak_bytes: g.below_peak.bytes,
+        };
+        // SAFETY: non-null, valid by the caller's contract.
+        unsafe { *out = v };
+        Ok(())
+    })
+}
+
 /// Return empty slabs and idle ranges of `device` to the page pool; what was recovered goes to
 /// `*out`. 0 or an error code (`out` NULL: `TORCH_ARENA_ERR_INVALID_ARGUMENT`, nothing done).
 ///

@@ -48,6 +48,7 @@ def test_the_public_api_is_complete():
         "configure",
         "defragment",
         "empty_cache",
+        "growth",
         "library_path",
         "max_memory_allocated",
         "max_memory_reserved",

@@ -232,6 +232,41 @@ def test_defragment_reports_what_it_recovered_and_empty_cache_releases_it():
     assert torch_arena.memory_reserved() == 0
 
 
+GROWTH_SCRIPT = """
+import torch_arena
+MiB = 1 << 20
+before = torch_arena.growth()
+keys = ["at_peak_handles", "at_peak_bytes", "below_peak_handles", "below_peak_bytes"]
+assert list(before) == keys, before
+assert before == dict.fromkeys(before, 0), before
+# The first request of the process: its pages are created for a new peak.
+big = torch_arena.caching_allocator_alloc(300 * MiB)
+g = torch_arena.growth()
+assert g["at_peak_handles"] >= 1 and g["at_peak_bytes"] >= 300 * MiB, g
+assert (g["below_peak_handles"], g["below_peak_bytes"]) == (0, 0), g
+# Given back and asked for again under that peak (a reset of the peak stats changes nothing):
+# its pages are created anew, below the peak.
+torch_arena.caching_allocator_delete(big)
+torch_arena.empty_cache()
+torch_arena.reset_peak_memory_stats()
+small = torch_arena.caching_allocator_alloc(100 * MiB)
+h = torch_arena.growth()
+assert (h["at_peak_handles"], h["at_peak_bytes"]) == (g["at_peak_handles"], g["at_peak_bytes"]), h
+assert h["below_peak_handles"] >= 1 and h["below_peak_bytes"] >= 100 * MiB, h
+torch_arena.caching_allocator_delete(small)
+print("ok")
+"""
+
+
+def test_growth_tells_memory_created_for_a_new_peak_from_memory_created_below_it(tmp_path):
+    from conftest import run_python
+
+    # In a fresh process: the peak that counts is the most ever requested there.
+    proc = run_python(GROWTH_SCRIPT, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
 # ---------------------------------------------------------------------------------------------
 # memory_summary.
 
