@@ -216,7 +216,12 @@ def steps(device: str) -> dict[str, Any]:
     snapshot = os.environ.get("STEPS_SNAPSHOT")
     if snapshot:  # PyTorch's own record of every alloc and free, for the lab (replay --native)
         torch.cuda.memory._record_memory_history(context=None, max_entries=1_000_000)
+    import torch_arena
+
+    # Under the arena: what each step created, for a new peak of the bytes requested or below it.
+    growth = torch_arena.growth if torch_arena.is_enabled() else None
     before = driver_calls()
+    grown = growth() if growth else None
     for length in lengths:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -228,9 +233,12 @@ def steps(device: str) -> dict[str, Any]:
         now = driver_calls()
         made = {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
         before = now
-        per_step.append(
-            {"length": length, "ms": round(ms, 3), "calls": sum(made.values()), "by_kind": made}
-        )
+        step = {"length": length, "ms": round(ms, 3), "calls": sum(made.values()), "by_kind": made}
+        if growth:
+            g = growth()
+            step["growth"] = {k: v - grown[k] for k, v in g.items()}
+            grown = g
+        per_step.append(step)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
