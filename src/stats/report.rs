@@ -50,8 +50,8 @@ pub struct Growth {
 /// but not where the request landed: layout, or memory another stream or pool holds). Growth
 /// after warm-up below the peak is what a steady state has to avoid (BENCHMARKS.md, "Nearby
 /// orders"). The peak is the most ever requested at once, whatever `reset_peak_memory_stats`
-/// reset. Counted since the arena started, as the driver calls are (`reset_accumulated_memory_stats`
-/// leaves them).
+/// reset. Counted since the arena started, as the driver calls are
+/// (`reset_accumulated_memory_stats` leaves them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GrowthCounts {
     /// For requests that took the bytes requested to a new peak.
