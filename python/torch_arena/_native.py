@@ -95,7 +95,17 @@ class OutOfMemoryError(RuntimeError):
     device's capacity, reserved, allocated, cached and fragmented bytes."""
 
 
-class ReclaimReport(ctypes.Structure):
+class _Counts(ctypes.Structure):
+    """A C struct of counters, read back as a dict."""
+
+    _fields_: list[tuple[str, Any]] = []
+
+    def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict, in declaration order."""
+        return {name: int(getattr(self, name)) for name, _ in self._fields_}
+
+
+class ReclaimReport(_Counts):
     """``torch_arena_reclaim_report``: what defragment / empty_cache recovered."""
 
     _fields_ = [
@@ -106,12 +116,8 @@ class ReclaimReport(ctypes.Structure):
         ("bytes_released", ctypes.c_uint64),
     ]
 
-    def as_dict(self) -> dict[str, int]:
-        """The fields as a plain dict, in declaration order."""
-        return {name: int(getattr(self, name)) for name, _ in self._fields_}
 
-
-class Growth(ctypes.Structure):
+class Growth(_Counts):
     """``torch_arena_growth_t``: the memory a device's arena created, by what each request did to
     the bytes requested."""
 
@@ -121,10 +127,6 @@ class Growth(ctypes.Structure):
         ("below_peak_handles", ctypes.c_uint64),
         ("below_peak_bytes", ctypes.c_uint64),
     ]
-
-    def as_dict(self) -> dict[str, int]:
-        """The fields as a plain dict, in declaration order."""
-        return {name: int(getattr(self, name)) for name, _ in self._fields_}
 
 
 def _find_library() -> str:
