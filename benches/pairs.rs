@@ -703,6 +703,18 @@ fn capacity_for(mix: &Mix, live: usize) -> u64 {
     (bytes as u64 + 64 * GIB).div_ceil(GRANULARITY) * GRANULARITY
 }
 
+/// An `Arena` with default settings on an accounting-only simulated device sized for `live`
+/// allocations of `mix` (the arena side, and each of [`Shards`]).
+fn sim_arena(mix: &Mix, live: usize) -> Result<(Arc<SimDevice>, Arena), String> {
+    let dev = Arc::new(
+        SimDevice::new(SimConfig::new(capacity_for(mix, live), GRANULARITY, false))
+            .map_err(|e| format!("sim device: {e}"))?,
+    );
+    let arena = Arena::new(dev.clone() as Arc<dyn Device>, &Config::default())
+        .map_err(|e| format!("arena: {e}"))?;
+    Ok((dev, arena))
+}
+
 fn plan(mix: &Mix, live: usize, threads: usize, scale: f64) -> Plan<'_> {
     Plan {
         mix,
@@ -734,12 +746,7 @@ fn measure_side(
     let plan = plan(mix, live, threads, scale);
     let mut out = match side {
         "arena" => {
-            let dev = Arc::new(
-                SimDevice::new(SimConfig::new(capacity_for(mix, live), GRANULARITY, false))
-                    .map_err(|e| format!("sim device: {e}"))?,
-            );
-            let arena = Arena::new(dev.clone() as Arc<dyn Device>, &Config::default())
-                .map_err(|e| format!("arena: {e}"))?;
+            let (dev, arena) = sim_arena(mix, live)?;
             let maps = || {
                 let c: DriverCounters = dev.counters();
                 c.mem_map + c.mem_unmap
@@ -764,15 +771,9 @@ fn measure_side(
             side
         }
         "shards" | "shards-stats" => {
-            let mut arenas = Vec::with_capacity(threads);
-            for _ in 0..threads {
-                let dev =
-                    SimDevice::new(SimConfig::new(capacity_for(mix, live), GRANULARITY, false))
-                        .map_err(|e| format!("sim device: {e}"))?;
-                let arena = Arena::new(Arc::new(dev) as Arc<dyn Device>, &Config::default())
-                    .map_err(|e| format!("arena: {e}"))?;
-                arenas.push(arena);
-            }
+            let arenas = (0..threads)
+                .map(|_| Ok(sim_arena(mix, live)?.1))
+                .collect::<Result<Vec<Arena>, String>>()?;
             let shards = Shards {
                 arenas,
                 stats: Mutex::new(SharedStats::default()),

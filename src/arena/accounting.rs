@@ -21,8 +21,7 @@ impl Inner {
     /// being served (`Inner::serving`).
     pub(super) fn count_growth(&mut self, bytes: u64) {
         let request = self.serving;
-        let now = self.stats.requested_bytes.all().current.max(0) as u64;
-        let below_peak = now.saturating_add(request) <= self.requested_high();
+        let below_peak = self.under_peak(request);
         let g = match below_peak {
             true => &mut self.growth.below_peak,
             false => &mut self.growth.at_peak,

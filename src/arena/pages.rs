@@ -137,11 +137,10 @@ impl Inner {
     /// of the peak requested. 0 for a block that takes them to a new peak (the arena grows for
     /// what is asked, as it must, and no more).
     fn layout_spare(&self, region: u32, len: u64, addr: u64) -> u64 {
-        let now = self.stats.requested_bytes.all().current.max(0) as u64;
-        let high = self.requested_high();
-        if now.saturating_add(len) > high {
+        if !self.under_peak(len) {
             return 0;
         }
+        let high = self.requested_high();
         let new = self.unmapped_pages(region, addr, len, u64::MAX) * self.page;
         let cap = high.saturating_add(high / LAYOUT_HEADROOM_SHARE);
         let room = cap.saturating_sub(self.reserved().saturating_add(new));
@@ -152,6 +151,13 @@ impl Inner {
     pub(super) fn requested_high(&self) -> u64 {
         let peak = self.stats.requested_bytes.all().peak.max(0) as u64;
         self.requested_high.max(peak)
+    }
+
+    /// Whether `bytes` more requested (by a request not counted yet) stay at or under the most
+    /// ever requested: growth for them is growth for layout, not for a new peak.
+    pub(super) fn under_peak(&self, bytes: u64) -> bool {
+        let now = self.stats.requested_bytes.all().current.max(0) as u64;
+        now.saturating_add(bytes) <= self.requested_high()
     }
 
     /// Whether a large block of `len` bytes placed at `addr` in `region`, which needs new pages,
