@@ -2,6 +2,51 @@
 //! the extras the summary shows.
 
 use super::*;
+use crate::device::costs::DriverCosts;
+
+/// The modelled driver time of the arena's growth so far, beside what PyTorch's allocator would
+/// have spent growing for the same requests, both priced at the lab's default latencies
+/// ([`DriverCosts::default`], measured on an H200). What the arena weighs when a large block
+/// takes the bytes requested to a new peak (`Inner::ahead_spare`): a handle costs more than a
+/// cudaMalloc of the same bytes under about 360 MiB (a create, a map and a grant against one
+/// call), so while its growth has cost more than native's would have, the arena grows ahead in
+/// fewer, larger handles; once it costs less, it grows by what is asked and keeps the bytes.
+///
+/// Native's side is an estimate from the requests the arena grew for: a request of 10 MiB or
+/// more (PyTorch's `kMinLargeAlloc`) is one cudaMalloc of its size rounded to 2 MiB; smaller
+/// requests share PyTorch's segments (20 MiB for 1–10 MiB, 2 MiB for small ones), so they count
+/// the bytes created for them at the price per byte of such a segment. A request the arena
+/// serves with no new memory counts nothing on either side, though native might have grown
+/// there: the estimate errs towards growing ahead. All of it is counted where memory is created,
+/// off the path of a request that creates none.
+#[derive(Clone, Debug)]
+pub(super) struct GrowthTime {
+    prices: DriverCosts,
+    /// Microseconds of the arena's creates, maps, grants (or plain cudaMallocs) and reservations.
+    ours_us: f64,
+    /// Microseconds of the cudaMallocs PyTorch's allocator would have made.
+    native_us: f64,
+    /// The request (`Inner::tick`) whose cudaMalloc `native_us` counted last: a large request
+    /// that creates several handles counts once.
+    counted_request: u64,
+}
+
+/// PyTorch's small segment (`kSmallBuffer`) and the size under which requests share a 20 MiB
+/// one (`kMinLargeAlloc`, `kLargeBuffer`).
+const NATIVE_SMALL_SEGMENT: u64 = 2 << 20;
+const NATIVE_SHARED_BELOW: u64 = 10 << 20;
+const NATIVE_MEDIUM_SEGMENT: u64 = 20 << 20;
+
+impl GrowthTime {
+    pub(super) fn new() -> GrowthTime {
+        GrowthTime {
+            prices: DriverCosts::default(),
+            ours_us: 0.0,
+            native_us: 0.0,
+            counted_request: 0,
+        }
+    }
+}
 
 impl Inner {
     pub(super) fn reserved(&self) -> u64 {
@@ -17,10 +62,27 @@ impl Inner {
         self.stats.reserved_bytes.transfer(from, to, bytes);
     }
 
-    /// Count `bytes` of physical memory just created (one handle or plain segment) for the request
-    /// being served (`Inner::serving`).
-    pub(super) fn count_growth(&mut self, bytes: u64) {
+    /// Count `bytes` of physical memory just created (one handle, or a plain segment with
+    /// `plain`) for the request being served (`Inner::serving`), and price it ([`GrowthTime`]).
+    pub(super) fn count_growth(&mut self, bytes: u64, plain: bool) {
         let request = self.serving;
+        let t = &mut self.growth_time;
+        t.ours_us += match plain {
+            true => t.prices.malloc_us(bytes),
+            false => t.prices.handle_us(bytes),
+        };
+        let share = |segment: u64| bytes as f64 / segment as f64;
+        t.native_us += if request <= self.slab_max {
+            share(NATIVE_SMALL_SEGMENT) * t.prices.malloc_us(NATIVE_SMALL_SEGMENT)
+        } else if request < NATIVE_SHARED_BELOW {
+            share(NATIVE_MEDIUM_SEGMENT) * t.prices.malloc_us(NATIVE_MEDIUM_SEGMENT)
+        } else if t.counted_request != self.tick {
+            t.counted_request = self.tick;
+            let rounded = request.checked_next_multiple_of(NATIVE_SMALL_SEGMENT);
+            t.prices.malloc_us(rounded.unwrap_or(request))
+        } else {
+            0.0
+        };
         let below_peak = self.under_peak(request);
         let g = match below_peak {
             true => &mut self.growth.below_peak,
@@ -39,6 +101,20 @@ impl Inner {
                 false => "the bytes requested reach a new peak",
             }
         );
+    }
+
+    /// Count a cuMemAddressReserve in the growth's modelled time.
+    pub(super) fn count_reservation(&mut self) {
+        let t = &mut self.growth_time;
+        t.ours_us += t.prices.call_us("cuMemAddressReserve", 0);
+    }
+
+    /// Whether the arena's growth so far cost more modelled driver time than native's would
+    /// have, and a handle of `len` bytes costs more than a cudaMalloc of them: a large block
+    /// growing for a new peak then grows ahead (`Inner::ahead_spare`).
+    pub(super) fn behind_native(&self, len: u64) -> bool {
+        let t = &self.growth_time;
+        t.ours_us > t.native_us && t.prices.handle_us(len) > t.prices.malloc_us(len)
     }
 
     /// Free bytes held inside pages (or slabs) that also hold live data, and how many such units.

@@ -155,6 +155,20 @@ const DRIFT_SPARE_SHARE: u64 = 8;
 /// their peak, and 1/16 two their fragmentation.
 const LAYOUT_SPARE_SHARE: u64 = 2;
 const LAYOUT_HEADROOM_SHARE: u64 = 20;
+/// A large block that needs new pages for a new peak of the bytes requested, while the arena's
+/// growth so far has cost more modelled driver time than PyTorch's allocator would have spent on
+/// the same requests (`accounting::GrowthTime`), and whose own handle would cost more than a
+/// cudaMalloc of it (under about 360 MiB at the H200's prices), *grows ahead*: its handle also
+/// covers up to `AHEAD_BYTES` of free pages after it, and at most 1/`AHEAD_SHARE` of what is
+/// reserved, for the next blocks of the climb. A climb to the peak (activations kept for
+/// backward, a forward pass's outputs) then takes fewer, larger handles; what the last step
+/// leaves unused at the peak is at most one spare, a share of what is held; and once the growth
+/// costs less than native's, the arena grows by what is asked again and keeps the bytes.
+/// Measured at 24 to 128 MiB and 1/32 to 1/256, with and without the share, and with blocks up
+/// to 64, 128 and 360 MiB (BENCHMARKS.md, "Growing ahead"): 48 MiB and 1/128 put the most traces
+/// within every target of the driver-call issue while losing the fewest their peak.
+const AHEAD_BYTES: u64 = 48 << 20;
+const AHEAD_SHARE: u64 = 128;
 /// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each
 /// and the table's overhead) whatever the number of distinct lengths a workload grows by.
 const GROWN_LENGTHS_KEPT: usize = 4_096;
@@ -426,9 +440,26 @@ enum Escalation {
 enum Step {
     /// A medium block: within the ramp, and at least this many pages with the run.
     Medium(u32),
-    /// A large block that drifted or grows for layout (`Inner::large_spare`): up to this many
-    /// spare pages.
+    /// A large block that drifted or grows for layout (`Inner::large_step`): up to this many
+    /// spare pages, within the budget of handles with spare pages.
     Spare(u32),
+    /// A large block that grows ahead at a new peak (`Inner::ahead_spare`): up to this many spare
+    /// pages, outside that budget.
+    Ahead(u32),
+}
+
+/// What a handle created for a run (`Inner::acquire`) may cover past it, as `Inner::back_run`
+/// sized it.
+#[derive(Clone, Copy, Debug)]
+struct Extra {
+    /// Spare pages past the run, at most.
+    spare: u32,
+    /// The run could have had spare pages: what is created counts as grown in steps
+    /// (`Inner::grown_pages`).
+    stepping: bool,
+    /// A handle with spare pages is recorded in `Inner::shared_handles`, within their budget
+    /// (all but growth ahead, whose handles count as a large block's: `Inner::on_large_handle`).
+    shared: bool,
 }
 
 /// Why an attempt failed.
@@ -538,6 +569,9 @@ struct Inner {
     serving: u64,
     /// Physical memory created so far, by what its request did to the bytes requested.
     growth: GrowthCounts,
+    /// Modelled driver time of that growth, and what native's would have cost
+    /// (`accounting.rs`): whether a block at a new peak grows ahead.
+    growth_time: accounting::GrowthTime,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
     /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
@@ -635,6 +669,7 @@ impl Arena {
             requested_high: 0,
             serving: 0,
             growth: GrowthCounts::default(),
+            growth_time: accounting::GrowthTime::new(),
             idle_len: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
             // counts its handle's pages in a u16, so that bounds a handle sized to its run.

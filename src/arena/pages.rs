@@ -34,6 +34,7 @@ impl Inner {
         let (base, len, plain) = if self.vmm {
             let len = round_up(need, self.page).max(self.region_len);
             let base = self.dev.reserve(len, self.page)?;
+            self.count_reservation();
             if base == 0 {
                 let _ = self.dev.free_address(base, len);
                 return Err(Miss::Device(address_zero("cuMemAddressReserve")));
@@ -56,7 +57,7 @@ impl Inner {
             self.stats.segment.increase(pool, 1);
             self.stats.reserved_bytes.increase(pool, len as i64);
             self.stats.num_device_alloc += 1;
-            self.count_growth(len);
+            self.count_growth(len, true);
             (base, len, true)
         };
         let region = Region {
@@ -102,10 +103,7 @@ impl Inner {
         let step = match len {
             l if l < FLOOR_BELOW_BYTES => Some(Step::Medium(self.growth_floor_pages)),
             l if l < MEDIUM_BYTES => Some(Step::Medium(0)),
-            l => match self.large_spare(region, l, addr) {
-                0 => None,
-                n => Some(Step::Spare(u32::try_from(n).unwrap_or(u32::MAX))),
-            },
+            l => self.large_step(region, l, addr),
         };
         if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, step) {
             self.count_range(region, addr, len, false);
@@ -120,15 +118,33 @@ impl Inner {
         Ok(())
     }
 
-    /// Spare pages for the handle of a large block of `len` bytes at `addr` in `region` that
-    /// needs new pages: the more of what its drift (`drifted`, [`DRIFT_SPARE_SHARE`]) and
-    /// growth for layout (`layout_spare`) allow; 0 for none.
-    fn large_spare(&self, region: u32, len: u64, addr: u64) -> u64 {
+    /// The step of the handle of a large block of `len` bytes at `addr` in `region` that needs
+    /// new pages: the most of what its drift (`drifted`, [`DRIFT_SPARE_SHARE`]), growth for
+    /// layout (`layout_spare`) and growth ahead (`ahead_spare`) allow; `None` for none.
+    fn large_step(&self, region: u32, len: u64, addr: u64) -> Option<Step> {
         let drift = match self.drifted(region, len, addr) {
             true => self.page_of(len) / DRIFT_SPARE_SHARE,
             false => 0,
         };
-        drift.max(self.layout_spare(region, len, addr))
+        let spare = drift.max(self.layout_spare(region, len, addr));
+        let ahead = self.ahead_spare(len);
+        let pages = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        match (spare, ahead) {
+            (0, 0) => None,
+            (spare, ahead) if ahead > spare => Some(Step::Ahead(pages(ahead))),
+            (spare, _) => Some(Step::Spare(pages(spare))),
+        }
+    }
+
+    /// Spare pages for a large block of `len` bytes that needs new pages for a new peak of the
+    /// bytes requested while the arena's growth has cost more driver time than native's would
+    /// have (`behind_native`): up to [`AHEAD_BYTES`], and 1/[`AHEAD_SHARE`] of what is
+    /// reserved; 0 otherwise.
+    fn ahead_spare(&self, len: u64) -> u64 {
+        if self.under_peak(len) || !self.behind_native(len) {
+            return 0;
+        }
+        AHEAD_BYTES.min(self.reserved() / AHEAD_SHARE) / self.page
     }
 
     /// Spare pages for a large block that needs new pages without taking the bytes requested
@@ -356,20 +372,32 @@ impl Inner {
                 self.spare_after(region, start + len, len),
                 (self.grown_pages / GROWTH_SHARE).max(floor.saturating_sub(len) as u64),
             ),
-            (Pool::Large, Some(Step::Spare(n))) => (
+            (Pool::Large, Some(Step::Spare(n) | Step::Ahead(n))) => (
                 large_handle,
                 self.spare_pages_after(region, start + len, n),
                 n as u64,
             ),
             (Pool::Large, None) => (large_handle, 0, 0),
         };
-        let budget = (self.limit / self.page / SPARE_LIMIT_SHARE)
-            .saturating_sub(self.shared_pages + len as u64);
+        // Growth ahead is outside that budget: it comes only with a new peak, so its spare pages
+        // are the next blocks' (a handle of it is pinned by its own block first, as any is), and
+        // within the budget it would take the medium steps' share of it.
+        let shared = !matches!(step, Some(Step::Ahead(_)));
+        let budget = match shared {
+            true => (self.limit / self.page / SPARE_LIMIT_SHARE)
+                .saturating_sub(self.shared_pages + len as u64),
+            false => u64::MAX,
+        };
         let spare = match private {
             true => 0,
             false => (offered as u64).min(scale).min(budget) as u32,
         };
-        let handles = self.acquire(len, per_handle, anywhere, owner, spare, offered > 0)?;
+        let extra = Extra {
+            spare,
+            stepping: offered > 0,
+            shared,
+        };
+        let handles = self.acquire(len, per_handle, anywhere, owner, extra)?;
         let base = self.regions[region as usize].base;
         let run: Vec<(PageHandle, u64)> = handles
             .iter()
@@ -437,23 +465,25 @@ impl Inner {
     }
 
     /// Unmapped handles tiling `n` pages, in mapping order, each at most `per_handle` pages when
-    /// created here; a handle created here may also cover up to `spare` pages past the `n`
-    /// (growth in steps, sized and budgeted by `back_run`, which passes `stepping` when the run
-    /// could have had spare pages: what is created then counts as grown in steps; a handle with
-    /// spare pages is recorded in `shared_handles`). Pooled handles that fit come first (largest
-    /// first); then, with stitching or when `anywhere`, idle handles proven safe, unmapped into
-    /// the pool; then new handles within the limit; and when `anywhere`, pooled handles too large
-    /// for what is left are released to make room. On failure every handle taken goes back to
-    /// the pool.
+    /// created here; a handle created here may also cover up to `extra.spare` pages past the `n`
+    /// (growth in steps, sized and budgeted by `back_run`: see [`Extra`]). Pooled handles that
+    /// fit come first (largest first); then, with stitching or when `anywhere`, idle handles
+    /// proven safe, unmapped into the pool; then new handles within the limit; and when
+    /// `anywhere`, pooled handles too large for what is left are released to make room. On
+    /// failure every handle taken goes back to the pool.
     pub(super) fn acquire(
         &mut self,
         n: u32,
         per_handle: u32,
         anywhere: bool,
         own: u32,
-        spare: u32,
-        stepping: bool,
+        extra: Extra,
     ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
+        let Extra {
+            spare,
+            stepping,
+            shared,
+        } = extra;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
         // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
@@ -493,7 +523,7 @@ impl Inner {
                         if stepping {
                             self.grown_pages += k as u64;
                         }
-                        if k > want {
+                        if k > want && shared {
                             self.shared_handles.insert(h.0, k);
                             self.shared_pages += k as u64;
                         }
@@ -502,7 +532,7 @@ impl Inner {
                             .reserved_bytes
                             .increase(Pool::Large, (k as u64 * self.page) as i64);
                         self.stats.num_device_alloc += 1;
-                        self.count_growth(k as u64 * self.page);
+                        self.count_growth(k as u64 * self.page, false);
                         got.push((h, k));
                         have += k;
                         continue;

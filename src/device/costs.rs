@@ -138,6 +138,27 @@ impl DriverCosts {
             / 1e6
     }
 
+    /// Modelled microseconds of one growth by a physical handle of `bytes`: its cuMemCreate (with
+    /// the per-GiB term), its cuMemMap and its share of a cuMemSetAccess (one handle covered).
+    pub fn handle_us(&self, bytes: u64) -> f64 {
+        self.call_us("cuMemCreate", bytes)
+            + self.call_us("cuMemMap", 0)
+            + self.call_us("cuMemSetAccess", 0)
+    }
+
+    /// Modelled microseconds of one cudaMalloc (cuMemAlloc) of `bytes`, with the per-GiB term.
+    pub fn malloc_us(&self, bytes: u64) -> f64 {
+        self.call_us("cuMemAlloc", bytes)
+    }
+
+    /// Modelled microseconds of one call of kind `name` handling `bytes` (0 for kinds that count
+    /// no bytes).
+    pub fn call_us(&self, name: &str, bytes: u64) -> f64 {
+        kind_index(name).map_or(0.0, |i| {
+            self.us[i] + self.per_gib_us[i] * bytes as f64 / (1u64 << 30) as f64
+        })
+    }
+
     /// The latency of the call kind `name` in microseconds.
     pub fn get(&self, name: &str) -> Option<f64> {
         kind_index(name).map(|i| self.us[i])

@@ -466,6 +466,73 @@ fn memory_created_is_counted_by_whether_its_request_reached_a_new_peak() {
     }
 }
 
+/// A climb to the peak in blocks of 25 MiB (a forward pass keeping its outputs), on a fresh
+/// arena: PyTorch would make one cudaMalloc per block, and a handle of 26 MiB costs more than
+/// such a call (a create, a map and a grant: 49.7 µs against 41.3 at the H200's prices). So once
+/// the climb's growth costs more than native's, each new handle also covers free pages after its
+/// block, for the next blocks: up to 48 MiB, and at most 1/128 of what is reserved.
+#[test]
+fn a_climb_to_the_peak_grows_ahead_while_its_growth_costs_more_than_natives() {
+    const MIB: u64 = 1 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let blocks: Vec<u64> = (0..400)
+        .map(|_| arena.malloc(25 * MIB, 0).unwrap())
+        .collect();
+    let creates = sim.counters().mem_create;
+    // Without growth ahead, one handle per block (400); with it, 261: the spare grows with
+    // what is held, so the first blocks still grow one by one.
+    assert!(
+        creates < 300,
+        "400 blocks of 25 MiB climbing to the peak took {creates} creates"
+    );
+    let reserved = arena.stats().reserved_bytes.all().current as u64;
+    let requested = 400 * 25 * MIB;
+    assert!(
+        reserved <= requested + 48 * MIB + PAGE,
+        "{} MiB reserved for {} MiB requested: more than one step of 48 MiB ahead",
+        reserved / MIB,
+        requested / MIB
+    );
+    let g = arena.growth();
+    assert_eq!(g.at_peak.handles, creates, "all of it for new peaks");
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, blocks);
+}
+
+/// The same climb after a 4 GiB block: a handle of 4 GiB costs less than a cudaMalloc of it
+/// (the per-GiB terms: 163 µs against 261 µs), so the arena's growth is ahead of native's and
+/// the next blocks grow by what they ask, one handle each, until the climb's extra cost per
+/// block (about 9 µs) has used up that lead.
+#[test]
+fn growth_ahead_of_natives_in_cost_grows_by_what_is_asked() {
+    const MIB: u64 = 1 << 20;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let mut blocks = vec![arena.malloc(4096 * MIB, 0).unwrap()];
+    // 26 MiB blocks end on a page boundary, so each needs whole pages of its own.
+    for i in 1..=8u64 {
+        blocks.push(arena.malloc(26 * MIB, 0).unwrap());
+        let reserved = arena.stats().reserved_bytes.all().current as u64;
+        assert_eq!(
+            (sim.counters().mem_create, reserved),
+            (1 + i, (4096 + 26 * i) * MIB),
+            "block {i} of 26 MiB grew by more than it asked"
+        );
+    }
+    // The lead is spent within a few dozen blocks: from then on the climb grows ahead.
+    for _ in 0..40 {
+        blocks.push(arena.malloc(26 * MIB, 0).unwrap());
+    }
+    let creates = sim.counters().mem_create;
+    assert!(
+        creates < 1 + 48,
+        "the climb never grew ahead: {creates} creates for 49 blocks"
+    );
+    arena.check_consistency().unwrap();
+    free_all_and_trim(&arena, blocks);
+}
+
 #[test]
 fn a_small_workload_grows_in_steps_as_native_does() {
     // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs

@@ -950,37 +950,39 @@ fn lab_calls_per_step(t: &Trace) -> ([u64; 41], u64) {
     (calls, reserved)
 }
 
-/// The lab against the GPU, step by step, on the run made with this library: the recording
-/// makes exactly the calls the H200 counted, in the same steps, and ends with the bytes the
-/// H200 reserved. The one growth after warm-up, in step 33, is a cycle pass in which PyTorch's
-/// own allocator grew as well.
+/// The lab against the GPU, step by step, on the last run the H200 made (run 3). Under the
+/// library it ran, the lab made exactly the calls the H200 counted, in the same steps, and ended
+/// with the bytes the H200 reserved (BENCHMARKS.md, "A second session"). Under this one, blocks
+/// climbing to a new peak grow ahead while the growth costs more than native's would
+/// (`ahead_spare` in `src/arena/pages.rs`): warm-up takes three handles fewer (168 and 63 calls
+/// against 171 and 69); after it, the one growth is still step 33's, a cycle pass in which
+/// PyTorch's own allocator grew as well; and the run ends with the H200's bytes, to the byte.
 #[test]
-fn the_lab_makes_the_gpus_calls_in_every_step_of_a_run_under_this_library() {
+fn the_lab_replays_the_last_gpu_run_with_fewer_calls_and_the_gpus_bytes() {
     let (calls, reserved) = lab_calls_per_step(&bench_trace(RUN_3.trace));
     assert_eq!(calls[0], 62, "the model: two reservations and 20 handles");
-    assert_eq!(
-        calls[1..],
-        per_step(RUN_3.gpu)[1..],
-        "the lab against the H200"
-    );
+    assert_eq!(calls[1..], per_step(&[(1, 168), (2, 63), (33, 3)])[1..]);
+    let gpu = per_step(RUN_3.gpu);
+    assert!((1..=40).all(|s| calls[s] <= gpu[s]));
     assert_eq!(reserved, 4_846_518_272, "what the H200 reserved at the end");
 }
 
-/// The runs made under older libraries, replayed under this one: the H200's calls in warm-up
-/// (steps 1 and 2), and after it only where the GPU grew too, fewer than the GPU counted.
+/// The runs made under older libraries, replayed under this one: warm-up (steps 1 and 2) with
+/// fewer calls than the H200's (blocks climbing to the peak grow ahead), and after it only where
+/// the GPU grew too, fewer than the GPU counted.
 /// - Run 1: step 3's growth is served by the spare pages of a step-2 handle (`layout_spare` in
 ///   `src/arena/pages.rs`), step 25 creates one handle, not two (the small pool, its empty 1 MiB
 ///   slabs dissolved: `DISSOLVE_EMPTY_SPAN`), and step 37's 128 MiB block lands on spare pages.
 /// - Run 2 (the requests of run 3): steps 7 and 29 land on the spare pages of step 2's handles,
 ///   step 25 on the small pool's own pages.
 ///
-/// With both off, the lab made run 2's calls exactly, and run 1's but for step 37 (the drift
-/// spare, which came after run 1).
+/// With the layout spare and the dissolving off, the lab made run 2's calls exactly, and run
+/// 1's but for step 37 (the drift spare, which came after run 1).
 #[test]
 fn the_older_gpu_runs_grow_after_warm_up_less_than_the_gpu_did() {
     for (run, expected) in [
-        (RUN_1, per_step(&[(1, 171), (2, 72), (25, 3)])),
-        (RUN_2, per_step(&[(1, 171), (2, 69), (33, 3)])),
+        (RUN_1, per_step(&[(1, 168), (2, 63), (25, 3)])),
+        (RUN_2, per_step(&[(1, 168), (2, 63), (33, 3)])),
     ] {
         let (calls, _) = lab_calls_per_step(&bench_trace(run.trace));
         assert_eq!(calls[1..], expected[1..], "{}", run.trace);
@@ -993,7 +995,7 @@ fn the_older_gpu_runs_grow_after_warm_up_less_than_the_gpu_did() {
     }
 }
 
-/// The first run replayed as a trace, twice: two reservations and 102 handles created, mapped
+/// The first run replayed as a trace, twice: two reservations and 98 handles created, mapped
 /// and granted (the H200 counted 105 under a40ef95, see above), none unmapped; the second pass
 /// of the 40 steps makes no call.
 #[test]
@@ -1010,10 +1012,10 @@ fn the_trace_recorded_on_a_gpu_replays_with_a_quiet_second_pass() {
             first.mem_map,
             first.set_access
         ),
-        (2, 102, 102, 102),
+        (2, 98, 98, 98),
         "{first:?}"
     );
-    assert_eq!(first.set_access_handles, 102);
+    assert_eq!(first.set_access_handles, 98);
     assert_eq!(first.mem_unmap + first.mem_release, 0);
     assert_eq!(r.steps[1].calls.memory_calls(), 0, "{:?}", r.steps[1]);
 }
