@@ -1,5 +1,6 @@
-//! Derived figures: reserved bytes, pages moving between pools, inactive-split counters, and
-//! the extras the summary shows.
+//! Derived figures: reserved bytes, pages moving between pools, inactive-split counters, the
+//! modelled cost of the growth so far against native's ([`GrowthTime`]), and the extras the
+//! summary shows.
 
 use super::*;
 use crate::device::costs::DriverCosts;

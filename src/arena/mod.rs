@@ -164,9 +164,11 @@ const LAYOUT_HEADROOM_SHARE: u64 = 20;
 /// backward, a forward pass's outputs) then takes fewer, larger handles; what the last step
 /// leaves unused at the peak is at most one spare, a share of what is held; and once the growth
 /// costs less than native's, the arena grows by what is asked again and keeps the bytes.
-/// Measured at 24 to 128 MiB and 1/32 to 1/256, with and without the share, and with blocks up
-/// to 64, 128 and 360 MiB (BENCHMARKS.md, "Growing ahead"): 48 MiB and 1/128 put the most traces
-/// within every target of the driver-call issue while losing the fewest their peak.
+/// Measured at 16 to 128 MiB and 1/32 to 1/256, with and without the share, and with blocks up
+/// to 128 MiB, 360 MiB and any length (BENCHMARKS.md, "Growing ahead"): of the variants that
+/// cost at most one shared trace its peak, 48 MiB and 1/128 put the most traces within every
+/// target of the driver-call issue (81 of 142); a fixed 32 MiB puts 89 there but costs three
+/// small traces their peak.
 const AHEAD_BYTES: u64 = 48 << 20;
 const AHEAD_SHARE: u64 = 128;
 /// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each
