@@ -533,6 +533,38 @@ fn growth_ahead_of_natives_in_cost_grows_by_what_is_asked() {
     free_all_and_trim(&arena, blocks);
 }
 
+/// Growing ahead never costs a climb the memory it could have had: on a device of `cap`, blocks
+/// of `block` bytes climb until the limit refuses one, and reach as many as fit. A handle's
+/// spare pages come out of what the limit leaves (and shrink with it, `HEADROOM_SHARE`), and the
+/// next block of the climb lands on them.
+#[test]
+fn a_climb_to_the_limit_fits_as_many_blocks_with_growth_ahead() {
+    const MIB: u64 = 1 << 20;
+    for (cap, block) in [
+        (1024 * MIB, 25 * MIB),
+        (4096 * MIB, 25 * MIB),
+        (8192 * MIB, 100 * MIB),
+        (8192 * MIB, 130 * MIB),
+    ] {
+        let sim = Arc::new(SimDevice::new(SimConfig::new(cap, PAGE, false)).unwrap());
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        let mut blocks = Vec::new();
+        while let Ok(p) = arena.malloc(block, 0) {
+            blocks.push(p);
+            assert!(blocks.len() as u64 <= cap / block, "more blocks than fit");
+        }
+        assert_eq!(
+            blocks.len() as u64,
+            cap / block,
+            "blocks of {} MiB on a device of {} MiB",
+            block / MIB,
+            cap / MIB
+        );
+        arena.check_consistency().unwrap();
+        free_all_and_trim(&arena, blocks);
+    }
+}
+
 #[test]
 fn a_small_workload_grows_in_steps_as_native_does() {
     // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs
