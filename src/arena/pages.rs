@@ -98,8 +98,9 @@ impl Inner {
         let (first, last) = self.pages_of(region, addr, len);
         // Medium blocks grow the pool in steps (`back_run`): those PyTorch packs into 20 MiB
         // segments (under `FLOOR_BELOW_BYTES`) steps of at least GROWTH_FLOOR_BYTES, the rest
-        // what the ramp allows. Larger ones map what they need, but for a block that drifted or
-        // grows for layout (`large_spare`): its handle also covers some pages after it.
+        // what the ramp allows. Larger ones map what they need, but for a block that drifted,
+        // grows for layout or grows ahead (`large_step`): its handle also covers some pages
+        // after it.
         let step = match len {
             l if l < FLOOR_BELOW_BYTES => Some(Step::Medium(self.growth_floor_pages)),
             l if l < MEDIUM_BYTES => Some(Step::Medium(0)),
