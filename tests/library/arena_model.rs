@@ -565,6 +565,32 @@ fn a_climb_to_the_limit_fits_as_many_blocks_with_growth_ahead() {
     }
 }
 
+/// `demo --model`'s training loop (its sequence length changes every step) over 40 steps: after
+/// warm-up (steps 1 to 3) it grows only in step 7, and only for new peaks of the bytes
+/// requested. Step 7 is the first whose sequence length is the longest, so an allocator that
+/// holds no more than the earlier steps' peaks must grow there; nothing is created for layout.
+#[test]
+fn the_modelled_training_loop_grows_after_warm_up_only_for_a_new_peak() {
+    use torch_arena::TorchArena;
+    use torch_arena::trace::training::TrainingLoop;
+    let arena = TorchArena::new(Config::parse("device:sim").unwrap());
+    let mut workload = TrainingLoop::new(&arena).unwrap();
+    let mut grew = Vec::new();
+    for step in 1..=40 {
+        let before = arena.growth(0).unwrap();
+        workload.step(step).unwrap();
+        let g = arena.growth(0).unwrap().since(&before);
+        if step > 3 && g.at_peak.handles + g.below_peak.handles > 0 {
+            grew.push((step, g.at_peak.handles, g.below_peak.handles));
+        }
+    }
+    assert_eq!(
+        grew,
+        [(7, 4, 0)],
+        "(step, handles for a new peak, for layout)"
+    );
+}
+
 #[test]
 fn a_small_workload_grows_in_steps_as_native_does() {
     // A workload that holds little: sixteen 2 MiB blocks on a fresh 80 GiB arena. PyTorch packs

@@ -273,7 +273,7 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     println!();
     println!(
         " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op  \
-         | mem calls | driver time"
+         | mem calls | driver time | created for: peak / layout"
     );
     let started = Instant::now();
     let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
@@ -285,16 +285,19 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
             .device()
             .counters())
     };
+    let growth = || arena.growth(0).map_err(|e| e.to_string());
     for step in 1..=steps {
         let t = Instant::now();
         let before = counters()?;
+        let grown_before = growth()?;
         let ops = workload.step(step).map_err(|e| e.to_string())?;
         let calls = counters()?.since(&before);
+        let grown = growth()?.since(&grown_before);
         let s = arena.stats(0).map_err(|e| e.to_string())?;
         let frag =
             1.0 - s.requested_bytes.all().peak as f64 / s.reserved_bytes.all().peak.max(1) as f64;
         println!(
-            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11}",
+            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11} | {:>26}",
             s.allocation.all().current,
             mib(s.allocated_bytes.all().current),
             mib(s.allocated_bytes.all().peak),
@@ -304,14 +307,21 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
             t.elapsed().as_nanos() / ops.max(1) as u128,
             fmt_count(calls.memory_calls()),
             fmt_secs(costs.seconds(&calls)),
+            format!(
+                "{} / {}",
+                fmt_count(grown.at_peak.handles),
+                fmt_count(grown.below_peak.handles)
+            ),
         );
     }
     println!();
     println!(
         "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
          reserve); driver time: all its calls priced at the H200's measured latencies \
-         (BENCHMARKS.md). A warm native allocator makes no memory call in a step that repeats \
-         its shapes."
+         (BENCHMARKS.md); created for: physical handles the step created for requests that \
+         took the bytes requested to a new peak (growth any allocator needs there) / for \
+         requests under the peak so far (layout). A warm native allocator makes no memory call \
+         in a step that repeats its shapes."
     );
     println!();
     print!("{}", arena.summary(0, false).map_err(|e| e.to_string())?);
