@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::device::costs::DriverCosts;
+use crate::trace::native;
 
 /// The modelled driver time of the arena's growth so far, beside what PyTorch's allocator would
 /// have spent growing for the same requests, both priced at the lab's default latencies
@@ -13,10 +14,11 @@ use crate::device::costs::DriverCosts;
 /// call), so while its growth has cost more than native's would have, the arena grows ahead in
 /// fewer, larger handles; once it costs less, it grows by what is asked and keeps the bytes.
 ///
-/// Native's side is an estimate from the requests the arena grew for: a request of 10 MiB or
-/// more (PyTorch's `kMinLargeAlloc`) is one cudaMalloc of its size rounded to 2 MiB; smaller
-/// requests share PyTorch's segments (20 MiB for 1–10 MiB, 2 MiB for small ones), so they count
-/// the bytes created for them at the price per byte of such a segment. A request the arena
+/// Native's side is an estimate from the requests the arena grew for, with the segment sizes of
+/// the native emulation (`trace::native::allocation_size`): a request of 10 MiB or more
+/// (PyTorch's `kMinLargeAlloc`) is one cudaMalloc of its size rounded to 2 MiB; smaller requests
+/// share PyTorch's segments (20 MiB for 1–10 MiB, 2 MiB for small ones), so they count the bytes
+/// created for them at the price per byte of such a segment. A request the arena
 /// serves with no new memory counts nothing on either side, though native might have grown
 /// there: the estimate errs towards growing ahead. All of it is counted where memory is created,
 /// off the path of a request that creates none.
@@ -31,12 +33,6 @@ pub(super) struct GrowthTime {
     /// that creates several handles counts once.
     counted_request: u64,
 }
-
-/// PyTorch's small segment (`kSmallBuffer`) and the size under which requests share a 20 MiB
-/// one (`kMinLargeAlloc`, `kLargeBuffer`).
-const NATIVE_SMALL_SEGMENT: u64 = 2 << 20;
-const NATIVE_SHARED_BELOW: u64 = 10 << 20;
-const NATIVE_MEDIUM_SEGMENT: u64 = 20 << 20;
 
 impl GrowthTime {
     pub(super) fn new() -> GrowthTime {
@@ -72,15 +68,13 @@ impl Inner {
             true => t.prices.malloc_us(bytes),
             false => t.prices.handle_us(bytes),
         };
-        let share = |segment: u64| bytes as f64 / segment as f64;
-        t.native_us += if request <= self.slab_max {
-            share(NATIVE_SMALL_SEGMENT) * t.prices.malloc_us(NATIVE_SMALL_SEGMENT)
-        } else if request < NATIVE_SHARED_BELOW {
-            share(NATIVE_MEDIUM_SEGMENT) * t.prices.malloc_us(NATIVE_MEDIUM_SEGMENT)
+        // Within the limit (`within_reach`), so the rounding cannot wrap.
+        let segment = native::allocation_size(native::round_size(request), native::LARGE_SEGMENT);
+        t.native_us += if request < native::MIN_LARGE_ALLOC {
+            bytes as f64 / segment as f64 * t.prices.malloc_us(segment)
         } else if t.counted_request != self.tick {
             t.counted_request = self.tick;
-            let rounded = request.checked_next_multiple_of(NATIVE_SMALL_SEGMENT);
-            t.prices.malloc_us(rounded.unwrap_or(request))
+            t.prices.malloc_us(segment)
         } else {
             0.0
         };

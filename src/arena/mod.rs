@@ -167,8 +167,8 @@ const LAYOUT_HEADROOM_SHARE: u64 = 20;
 /// Measured at 16 to 128 MiB and 1/32 to 1/256, with and without the share, and with blocks up
 /// to 128 MiB, 360 MiB and any length (BENCHMARKS.md, "Growing ahead"): of the variants that
 /// cost at most one shared trace its peak, 48 MiB and 1/128 put the most traces within every
-/// target of the driver-call issue (81 of 142); a fixed 32 MiB puts 89 there but costs three
-/// small traces their peak.
+/// target of the driver-call issue (81 of 142); a fixed 32 MiB puts 89 there but costs two
+/// more their peak (Yiyi-philosophy `1.3b`, a second bolongcheng).
 const AHEAD_BYTES: u64 = 48 << 20;
 const AHEAD_SHARE: u64 = 128;
 /// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each

@@ -128,14 +128,20 @@ impl DriverCosts {
         let grants = c.set_access_handles.max(c.set_access);
         c.entries()
             .iter()
-            .zip(self.us.iter().zip(self.per_gib_us.iter()))
-            .map(|(&(name, n), (us, per_gib))| {
+            .enumerate()
+            .map(|(i, &(name, n))| {
                 let n = if name == "cuMemSetAccess" { grants } else { n };
-                let gib = c.bytes_of(name).unwrap_or(0) as f64 / (1u64 << 30) as f64;
-                n as f64 * us + gib * per_gib
+                self.price(i, n, c.bytes_of(name).unwrap_or(0))
             })
             .sum::<f64>()
             / 1e6
+    }
+
+    /// Microseconds of `calls` calls of kind `i` that handled `bytes` in all: the latency of
+    /// each, plus the kind's per-GiB term.
+    fn price(&self, i: usize, calls: u64, bytes: u64) -> f64 {
+        let gib = bytes as f64 / (1u64 << 30) as f64;
+        calls as f64 * self.us[i] + gib * self.per_gib_us[i]
     }
 
     /// Modelled microseconds of one growth by a physical handle of `bytes`: its cuMemCreate (with
@@ -154,9 +160,7 @@ impl DriverCosts {
     /// Modelled microseconds of one call of kind `name` handling `bytes` (0 for kinds that count
     /// no bytes).
     pub fn call_us(&self, name: &str, bytes: u64) -> f64 {
-        kind_index(name).map_or(0.0, |i| {
-            self.us[i] + self.per_gib_us[i] * bytes as f64 / (1u64 << 30) as f64
-        })
+        kind_index(name).map_or(0.0, |i| self.price(i, 1, bytes))
     }
 
     /// The latency of the call kind `name` in microseconds.

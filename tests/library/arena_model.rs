@@ -468,7 +468,7 @@ fn memory_created_is_counted_by_whether_its_request_reached_a_new_peak() {
 
 /// A climb to the peak in blocks of 25 MiB (a forward pass keeping its outputs), on a fresh
 /// arena: PyTorch would make one cudaMalloc per block, and a handle of 26 MiB costs more than
-/// such a call (a create, a map and a grant: 49.7 µs against 41.3 at the H200's prices). So once
+/// such a call (a create, a map and a grant: 50.4 µs against 41.3 at the H200's prices). So once
 /// the climb's growth costs more than native's, each new handle also covers free pages after its
 /// block, for the next blocks: up to 48 MiB, and at most 1/128 of what is reserved.
 #[test]
@@ -534,9 +534,9 @@ fn growth_ahead_of_natives_in_cost_grows_by_what_is_asked() {
 }
 
 /// Growing ahead never costs a climb the memory it could have had: on a device of `cap`, blocks
-/// of `block` bytes climb until the limit refuses one, and reach as many as fit. A handle's
-/// spare pages come out of what the limit leaves (and shrink with it, `HEADROOM_SHARE`), and the
-/// next block of the climb lands on them.
+/// of `block` bytes climb until the limit refuses one, and reach as many as fit: a handle's
+/// spare pages come out of what the limit leaves (`Inner::acquire`), and the next block of the
+/// climb lands on them.
 #[test]
 fn a_climb_to_the_limit_fits_as_many_blocks_with_growth_ahead() {
     const MIB: u64 = 1 << 20;
