@@ -112,7 +112,11 @@ const SPARE_LIMIT_SHARE: u64 = 8;
 /// four pages instead of four), and by at most 1/`SMALL_GROWTH_SHARE` of what is reserved (whole
 /// steps once 2 GiB of 2 MiB pages is held): what a step leaves unused is then a small share of
 /// what is held, and a workload that holds little grows by the page, as PyTorch's 2 MiB small
-/// segments do.
+/// segments do. It steps only while the workload climbs (the request takes the bytes requested
+/// to a new peak) or while the arena's growth costs more than native's would, as a large block
+/// grows ahead (`Inner::small_step`): below the peak the small pool grows by the page, for the
+/// step's unused pages would stay unused at the peak (five traces held 2 to 4 MiB over native's
+/// peak so, two of which this keeps under it; BENCHMARKS.md, "Variants at 965c407").
 const SMALL_GROWTH_PAGES: u32 = 4;
 const SMALL_GROWTH_SHARE: u64 = 256;
 /// The current slab of a class stays when its last slot is freed, ready for the class's next

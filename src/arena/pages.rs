@@ -366,7 +366,7 @@ impl Inner {
                 SMALL_GROWTH_PAGES,
                 self.spare_after(region, start + len, len)
                     .min(SMALL_GROWTH_PAGES.saturating_sub(len)),
-                self.reserved() / self.page / SMALL_GROWTH_SHARE,
+                self.small_step(),
             ),
             (Pool::Large, Some(Step::Medium(floor))) => (
                 large_handle,
@@ -432,6 +432,17 @@ impl Inner {
             self.move_reserved(Pool::Large, Pool::Small, (at - start) as u64, mapped as u64);
         }
         result
+    }
+
+    /// How many spare pages a handle created for the small pool may cover (before the other
+    /// bounds of `back_run`): 1/[`SMALL_GROWTH_SHARE`] of what is reserved while the request being
+    /// served takes the bytes requested to a new peak or the arena's growth costs more than
+    /// native's would (`behind_native`); none below the peak otherwise ([`SMALL_GROWTH_PAGES`]).
+    fn small_step(&self) -> u64 {
+        if self.under_peak(self.serving) && !self.behind_native(self.page) {
+            return 0;
+        }
+        self.reserved() / self.page / SMALL_GROWTH_SHARE
     }
 
     /// How many pages past `from` a handle created for a run of `len` pages may also cover: up

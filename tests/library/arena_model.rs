@@ -608,6 +608,60 @@ fn a_small_workload_grows_in_steps_as_native_does() {
     free_all_and_trim(&arena, blocks);
 }
 
+/// The small pool grows in steps (up to 4 pages a handle) while the workload climbs, and by the
+/// page below the peak requested unless the arena's growth costs more than native's would
+/// (`small_step` in `src/arena/pages.rs`). Each case first holds or frees large blocks, then asks
+/// for 32 slab slots of 512 KiB (16 MiB): climbing beside a live 8 GiB block, the pool creates a
+/// handle per step; below the peak that block left when freed (its handle cost less than native's
+/// cudaMalloc, so the arena is ahead), one per page; below the peak of sixteen freed 100 MiB
+/// blocks, each of whose handles cost more than a cudaMalloc, in steps again.
+#[test]
+fn the_small_pool_grows_in_steps_only_while_climbing_or_behind_native() {
+    let slots = |large: u64, n: usize, keep: bool| {
+        let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        let big: Vec<u64> = (0..n).map(|_| arena.malloc(large, 0).unwrap()).collect();
+        if !keep {
+            for &b in &big {
+                arena.free(b, Some(large), 0).unwrap();
+            }
+        }
+        let before = sim.counters().mem_create;
+        let small: Vec<u64> = (0..32)
+            .map(|_| arena.malloc(512 << 10, 0).unwrap())
+            .collect();
+        let creates = sim.counters().mem_create - before;
+        let held = arena.stats().reserved_bytes.pool(Pool::Small).current;
+        arena.check_consistency().unwrap();
+        for p in small {
+            arena.free(p, Some(512 << 10), 0).unwrap();
+        }
+        if keep {
+            for b in big {
+                arena.free(b, Some(large), 0).unwrap();
+            }
+        }
+        (creates, held)
+    };
+    let (climbing, _) = slots(8 << 30, 1, true);
+    let (below, held) = slots(8 << 30, 1, false);
+    let (behind, _) = slots(100 << 20, 16, false);
+    assert!(
+        climbing <= 3,
+        "climbing: {climbing} creates for 16 MiB of slabs"
+    );
+    assert_eq!(
+        below as i64 * (2 << 20),
+        held,
+        "below the peak: one create per page"
+    );
+    assert!(below >= 8, "below the peak: {below} creates");
+    assert!(
+        behind <= 3,
+        "below the peak but behind native: {behind} creates"
+    );
+}
+
 #[test]
 fn oom_message_names_every_figure() {
     let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 20, PAGE, false)).unwrap());
