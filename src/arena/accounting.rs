@@ -50,6 +50,27 @@ impl Inner {
         self.stats.reserved_bytes.all().current as u64
     }
 
+    /// Mapped VMM pages that hold nothing and cannot move ([`PageCounts::held`]): the unused pages
+    /// of handles that are not idle. One visit per handle and per unmapped page: for reports.
+    pub(super) fn held_pages(&self) -> u64 {
+        let mut held = 0;
+        for r in self.regions.iter().filter(|r| r.live && !r.plain) {
+            let mut p = 0;
+            while p < r.pages.len() {
+                let head = &r.pages[p];
+                if head.phys.is_none() {
+                    p += 1;
+                    continue;
+                }
+                if head.idle_stamp == 0 {
+                    held += (head.hlen - head.busy) as u64;
+                }
+                p += head.hlen.max(1) as usize;
+            }
+        }
+        held
+    }
+
     /// Pages mapped under slabs count as small-pool segments, all others as large: a page moving
     /// between them moves between the pools, but the device-wide totals (`all`) are unchanged, so
     /// one page created counts as one segment allocated however often it moves.
@@ -164,6 +185,7 @@ impl Inner {
                 page_size: self.page,
                 in_use: self.in_use_pages[1] + self.in_use_pages[2],
                 idle_mapped: self.idle_len + plain_idle,
+                held: self.held_pages(),
                 pooled: self.pooled_pages,
             },
             driver: self.dev.counters(),

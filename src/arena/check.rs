@@ -203,6 +203,22 @@ impl Inner {
                 self.limit
             ));
         }
+        // Every page held is in use, idle, held unused (`held_pages`) or pooled.
+        if plain == 0 {
+            let in_use =
+                self.in_use_pages[Pool::Small as usize] + self.in_use_pages[Pool::Large as usize];
+            let counted = in_use + self.idle_len + self.held_pages() + self.pooled_pages;
+            if counted * self.page != self.reserved() {
+                return Err(format!(
+                    "{in_use} pages in use, {} idle, {} held unused and {} pooled make {counted}, \
+                     but {} bytes are reserved",
+                    self.idle_len,
+                    self.held_pages(),
+                    self.pooled_pages,
+                    self.reserved()
+                ));
+            }
+        }
         Ok(())
     }
 

@@ -335,6 +335,7 @@ impl Inner {
         let allocated = s.allocated_bytes.all().current as u64;
         let idle = self.idle_len * self.page;
         let pooled = self.pooled_pages * self.page;
+        let held = self.held_pages() * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
         let allowed = if self.fraction < 1.0 {
             format!(
@@ -347,8 +348,9 @@ impl Inner {
         format!(
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
              free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
-             {} cached ({} in idle mapped pages, {} in unmapped pages) and {} free inside partially \
-             used pages ({:.1}% fragmentation). Live allocations: {}.{}",
+             {} cached ({} in idle mapped pages, {} in unmapped pages), {} unused in pages that cannot \
+             move (their handles also hold live allocations) and {} free inside partially used pages \
+             ({:.1}% fragmentation). Live allocations: {}.{}",
             format_size(size),
             self.info.ordinal,
             format_size(total),
@@ -359,6 +361,7 @@ impl Inner {
             format_size(idle + pooled),
             format_size(idle),
             format_size(pooled),
+            format_size(held),
             format_size(split),
             if reserved > 0 {
                 split as f64 * 100.0 / reserved as f64

@@ -27,13 +27,22 @@ pub struct PageCounts {
     pub in_use: u64,
     /// Pages mapped but holding nothing: cached for exact-size reuse, or empty slabs.
     pub idle_mapped: u64,
+    /// Pages mapped and holding nothing that cannot move: a physical handle is mapped and
+    /// unmapped only whole, and other pages of theirs hold live allocations (or they belong to a
+    /// private pool, which keeps its pages until it is released). Only a free of those
+    /// allocations makes them usable elsewhere.
+    pub held: u64,
     /// Pages created but not mapped anywhere: ready to back any new range.
     pub pooled: u64,
 }
 
 impl PageCounts {
+    /// Every page reserved: with VMM, `reserved_bytes` is this many pages.
     pub fn total(&self) -> u64 {
-        self.in_use + self.idle_mapped + self.pooled
+        (self.in_use)
+            .saturating_add(self.idle_mapped)
+            .saturating_add(self.held)
+            .saturating_add(self.pooled)
     }
 }
 

@@ -352,9 +352,9 @@ fn arena_lines(device: i32, stats: &DeviceStats, extras: &ArenaExtras) -> Vec<St
     lines.push(dash.clone());
     lines.push(grid_header(
         &format!("Pages of {}", exact_bytes(p.page_size)),
-        ["In use", "Idle mapped", "Pooled", "Total"],
+        ["In use", "Idle mapped", "Held unused", "Pooled"],
     ));
-    let counts = [p.in_use, p.idle_mapped, p.pooled, p.total()];
+    let counts = [p.in_use, p.idle_mapped, p.held, p.pooled];
     let [a, b, c, d] = counts.map(count_cell);
     lines.push(grid("      pages", [&a, &b, &c, &d]));
     let [a, b, c, d] = counts.map(|n| size_cell(n.saturating_mul(p.page_size)));

@@ -190,6 +190,34 @@ fn stitching_reuses_pages_across_address_fragmentation() {
 }
 
 #[test]
+fn pages_a_live_block_holds_unused_are_counted_and_named_when_memory_runs_out() {
+    // A 100 MiB block's handle (under 1/32 of the limit: its last page is not apart) stays
+    // mapped while the 64 MiB block after it lives on its last page: 49 pages held unused, which
+    // the page counts and the out-of-memory message name, and which add up with the rest to
+    // what is reserved.
+    let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let b = arena.malloc((100 << 20) + 512, 0).unwrap();
+    let c = arena.malloc(64 << 20, 0).unwrap();
+    assert_eq!(c, b + (100 << 20) + 512);
+    let before = arena.extras().pages;
+    arena.free(b, Some((100 << 20) + 512), 0).unwrap();
+    let pages = arena.extras().pages;
+    assert_eq!(pages.held, before.held + 50, "{before:?} then {pages:?}");
+    assert_eq!(pages.idle_mapped, before.idle_mapped);
+    let reserved = arena.stats().reserved_bytes.all().current as u64;
+    assert_eq!(pages.total() * PAGE, reserved);
+    let e = arena.malloc(8 << 30, 0).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "100.00 MiB unused in pages that cannot move (their handles also hold live allocations)"
+        ),
+        "{e}"
+    );
+    arena.check_consistency().unwrap();
+}
+
+#[test]
 fn medium_blocks_share_creates_whatever_the_large_blocks_hold() {
     // 1 GiB device: a 512 MiB block first (more than an eighth of the limit), then 3 MiB
     // blocks, each of 2 pages. Growth steps scale with what medium blocks needed, not with what

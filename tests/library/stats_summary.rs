@@ -425,6 +425,7 @@ fn extras() -> ArenaExtras {
             page_size: 2 << 20,
             in_use: 12,
             idle_mapped: 3,
+            held: 2,
             pooled: 1,
         },
         driver: DriverCounters {
@@ -491,20 +492,20 @@ fn arena_section_contents() {
     assert!(
         section.contains("| Fragmentation         | 23.2% (1 - peak requested / peak reserved) ")
     );
-    // Pages: counts and bytes.
+    // Pages: counts and bytes, in the four places a page can be.
     assert!(
         section.contains(
-            "| Pages of 2 MiB        |   In use   |Idle mapped |   Pooled   |   Total    |"
+            "| Pages of 2 MiB        |   In use   |Idle mapped |Held unused |   Pooled   |"
         )
     );
     assert!(
         section.contains(
-            "|       pages           |      12    |       3    |       1    |      16    |"
+            "|       pages           |      12    |       3    |       2    |       1    |"
         )
     );
     assert!(
         section.contains(
-            "|       bytes           |   24.0 MiB |    6.0 MiB |    2.0 MiB |   32.0 MiB |"
+            "|       bytes           |   24.0 MiB |    6.0 MiB |    4.0 MiB |    2.0 MiB |"
         )
     );
     // Size classes: only those with slabs.
@@ -574,6 +575,7 @@ fn arena_section_keeps_width_with_long_names() {
             page_size: 2 << 20,
             in_use: u64::MAX / 4,
             idle_mapped: 0,
+            held: u64::MAX,
             pooled: 0,
         },
         ..Default::default()
