@@ -79,22 +79,32 @@ impl Inner {
     }
 
     /// A large block for stream `s`: among the best fits by size, the one whose range needs the
-    /// fewest pages mapped (a freed block of the same size needs none). Medium blocks have rules
-    /// of their own (`place_medium`).
+    /// fewest pages mapped (a freed block of the same size needs none). While the limit leaves
+    /// room for the block, a place that would strand part of an idle large handle (`strands`)
+    /// comes after every other. Medium blocks have rules of their own (`place_medium`).
     pub(super) fn place_large(&mut self, s: u32, len: u64) -> Option<Fit> {
         if len < MEDIUM_BYTES {
             return self.place_medium(s, len);
         }
-        let mut best: Option<(u64, Fit)> = None;
+        let room = self.limit.saturating_sub(self.reserved()) >= len;
+        // (strands, pages to map) of the best so far.
+        let mut best: Option<((bool, u64), Fit)> = None;
         let mut seen = 0;
         self.streams[s as usize].large.each_fit(len, |fit, _| {
-            let limit = best.map_or(u64::MAX, |b| b.0);
+            seen += 1;
+            let strands = room && self.strands(fit.region, fit.addr, len);
+            // Pages to map that would still beat the best so far (none: it cannot).
+            let limit = match best {
+                None => u64::MAX,
+                Some(((b, _), _)) if b && !strands => u64::MAX,
+                Some(((b, missing), _)) if b == strands => missing,
+                Some(_) => 0,
+            };
             let missing = self.unmapped_pages(fit.region, fit.addr, len, limit);
             if missing < limit {
-                best = Some((missing, fit));
+                best = Some(((strands, missing), fit));
             }
-            seen += 1;
-            missing > 0 && seen < PLACEMENT_CANDIDATES
+            best.is_some_and(|b| b.0 != (false, 0)) && seen < PLACEMENT_CANDIDATES
         });
         let (_, fit) = best?;
         self.streams[s as usize].large.take(fit.node, len);
@@ -175,6 +185,36 @@ impl Inner {
             p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
         }
         false
+    }
+
+    /// Whether a block at `[addr, addr + len)` of `region` would strand part of an idle large
+    /// handle: cover some of its pages, so that the rest (more than the block's own length) can
+    /// neither move nor serve a block of the handle's size while the block lives
+    /// ([`LARGE_HANDLE_SHARE`]). Only the block's first and last pages can lie in a handle it
+    /// does not cover whole.
+    fn strands(&self, region: u32, addr: u64, len: u64) -> bool {
+        let r = &self.regions[region as usize];
+        let first = self.page_of(addr - r.base) as usize;
+        let last = self.page_of(addr + len - 1 - r.base) as usize;
+        let large = self.large_handle_pages() as usize;
+        let mut stranded = 0;
+        let mut seen_head = None;
+        for p in [first, last] {
+            let slot = &r.pages[p];
+            if slot.phys.is_none() {
+                continue;
+            }
+            let head = p - slot.hoff as usize;
+            let h = &r.pages[head];
+            if h.busy != 0 || h.hlen as usize <= large || seen_head == Some(head) {
+                continue; // pinned already, small, or counted
+            }
+            seen_head = Some(head);
+            let end = head + h.hlen as usize - 1;
+            let covered = end.min(last) + 1 - head.max(first);
+            stranded += h.hlen as usize - covered;
+        }
+        stranded >= large && stranded as u64 * self.page > len
     }
 
     /// Pages of `[addr, addr + len)` with nothing mapped, counting no further than `limit`. One

@@ -181,6 +181,22 @@ const GROWN_LENGTHS_KEPT: usize = 4_096;
 /// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
 /// leaves (`Inner::back_run`).
 const HEADROOM_SHARE: u64 = 8;
+/// A handle is *large* when it holds at least 1/`LARGE_HANDLE_SHARE` of the limit (2.5 GiB of
+/// 80 GiB). A handle moves only whole, so one page of it in use keeps all of it where it is:
+/// - a block that starts or ends inside a page it would share with a neighbour, and whose
+///   handle would be large, gets that page as a handle of its own (`Inner::acquire`), so that
+///   the neighbour holds one page, not the block's whole handle, once the block is freed;
+/// - while the limit leaves room for a block, it is not placed on part of an idle large handle
+///   when that would leave more of the handle unusable than the block uses (`Inner::place_large`):
+///   it grows instead, and the handle stays whole for a block of its size.
+///
+/// Without these, sungdk0822 `dmodel128_seqlen16384` (8 GiB blocks with 64 MiB ones between
+/// them) ran out of memory on a 52 GiB device with 48.6 GiB requested, 7.9 GiB held unused in
+/// handles its neighbours pinned; with them it fits in 48.7 GiB, and at 80 GiB it reserves that
+/// instead of 56.5 GiB. Measured at 1/16, 1/32, 1/64 and 1/128 of the limit (BENCHMARKS.md,
+/// "Large handles near the limit"): 1/16 and 1/32 move the same trace and no other; at 1/64
+/// and 1/128 one more (`xl_fwd_cl2048` float32) reserves 120 MiB more, over native's peak.
+const LARGE_HANDLE_SHARE: u64 = 32;
 /// Streams kept without question. Past this many, a new stream first retires streams that hold
 /// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
 /// to the pool, their reservations and page tables are given back).
@@ -466,6 +482,19 @@ struct Extra {
     /// A handle with spare pages is recorded in `Inner::shared_handles`, within their budget
     /// (all but growth ahead, whose handles count as a large block's: `Inner::on_large_handle`).
     shared: bool,
+    /// The run's first (last) page is a boundary page of its block, shared with a neighbour:
+    /// created as a one-page handle of its own ([`LARGE_HANDLE_SHARE`]).
+    first_apart: bool,
+    last_apart: bool,
+}
+
+/// A large block's boundary pages that another block may come to share (it starts or ends
+/// inside them), to be backed by one-page handles of their own when the block's handle would be
+/// large ([`LARGE_HANDLE_SHARE`]; `Inner::back_run`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Apart {
+    first: Option<u32>,
+    last: Option<u32>,
 }
 
 /// Why an attempt failed.

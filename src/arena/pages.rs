@@ -106,7 +106,13 @@ impl Inner {
             l if l < MEDIUM_BYTES => Some(Step::Medium(0)),
             l => self.large_step(region, l, addr),
         };
-        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, step) {
+        let base = self.regions[region as usize].base;
+        let apart = Apart {
+            first: (!(addr - base).is_multiple_of(self.page)).then_some(first),
+            last: (!(addr + len - base).is_multiple_of(self.page)).then_some(last),
+        };
+        let n = last - first + 1;
+        if let Err(e) = self.back_pages(region, first, n, anywhere, step, apart) {
             self.count_range(region, addr, len, false);
             return Err(e);
         }
@@ -297,6 +303,7 @@ impl Inner {
         n: u32,
         anywhere: bool,
         step: Option<Step>,
+        apart: Apart,
     ) -> std::result::Result<(), Miss> {
         if self.regions[region as usize].plain {
             return Ok(());
@@ -321,7 +328,8 @@ impl Inner {
             // Runs mapped before a failure stay mapped: valid memory that goes idle when the
             // caller uncounts its users.
             let last = p == first + n;
-            self.back_run(region, start, p - start, anywhere, step.filter(|_| last))?;
+            let run = p - start;
+            self.back_run(region, start, run, anywhere, step.filter(|_| last), apart)?;
         }
         Ok(())
     }
@@ -341,6 +349,7 @@ impl Inner {
         len: u32,
         anywhere: bool,
         step: Option<Step>,
+        apart: Apart,
     ) -> std::result::Result<(), Miss> {
         let owner = self.regions[region as usize].stream;
         let pool = self.regions[region as usize].pool;
@@ -393,10 +402,15 @@ impl Inner {
             true => 0,
             false => (offered as u64).min(scale).min(budget) as u32,
         };
+        // A boundary page goes apart only under a large handle: past the page itself, one
+        // handle more costs a create and a map (and a grant's share) every time.
+        let large = pool == Pool::Large && per_handle.min(len) >= self.large_handle_pages();
         let extra = Extra {
             spare,
             stepping: offered > 0,
             shared,
+            first_apart: large && apart.first == Some(start),
+            last_apart: large && apart.last == Some(start + len - 1),
         };
         let handles = self.acquire(len, per_handle, anywhere, owner, extra)?;
         let base = self.regions[region as usize].base;
@@ -432,6 +446,11 @@ impl Inner {
             self.move_reserved(Pool::Large, Pool::Small, (at - start) as u64, mapped as u64);
         }
         result
+    }
+
+    /// Pages of a large handle ([`LARGE_HANDLE_SHARE`]), at least 2.
+    pub(super) fn large_handle_pages(&self) -> u32 {
+        (self.limit / self.page / LARGE_HANDLE_SHARE).clamp(2, u32::MAX as u64) as u32
     }
 
     /// How many spare pages a handle created for the small pool may cover (before the other
@@ -495,6 +514,8 @@ impl Inner {
             spare,
             stepping,
             shared,
+            first_apart,
+            last_apart,
         } = extra;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
@@ -529,7 +550,14 @@ impl Inner {
             }
             let room = (self.limit.saturating_sub(self.reserved()) / self.page) as u32;
             if room > 0 {
-                let k = (want + spare).min(per_handle).min(room);
+                // A boundary page apart (`Extra`): the first alone, the rest but the last, then
+                // the last with any spare pages past it.
+                let k = match want {
+                    1 => (1 + spare).min(per_handle).min(room),
+                    _ if first_apart && have == 0 => 1,
+                    _ if last_apart => (want - 1).min(per_handle).min(room),
+                    _ => (want + spare).min(per_handle).min(room),
+                };
                 match self.dev.create_page(k as u64 * self.page) {
                     Ok(h) => {
                         if stepping {

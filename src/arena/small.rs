@@ -88,7 +88,14 @@ impl Inner {
         for p in first..=last {
             self.page_user_added(region, p);
         }
-        if let Err(e) = self.back_pages(region, first, last - first + 1, anywhere, None) {
+        if let Err(e) = self.back_pages(
+            region,
+            first,
+            last - first + 1,
+            anywhere,
+            None,
+            Apart::default(),
+        ) {
             for p in first..=last {
                 self.page_user_removed(region, p);
             }

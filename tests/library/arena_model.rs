@@ -189,6 +189,67 @@ fn stitching_reuses_pages_across_address_fragmentation() {
     arena.check_consistency().unwrap();
 }
 
+/// An 8 GiB device with a medium block first, so that what follows starts and ends inside
+/// pages; then a 768 MiB block `b` (one handle, a large one: over 1/32 of the limit) and a
+/// 64 MiB block `c` right after it, on `b`'s last page; then 7,000 MiB, which leaves about
+/// 350 MiB under the limit. Returns the arena and `b`.
+fn a_large_block_with_a_neighbour_on_its_last_page() -> (Arc<SimDevice>, Arena, u64) {
+    let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let a = arena.malloc(8_519_680, 0).unwrap();
+    let b = arena.malloc(768 << 20, 0).unwrap();
+    let c = arena.malloc(64 << 20, 0).unwrap();
+    assert_eq!(c, b + (768 << 20), "c right after b");
+    assert_ne!(c % PAGE, 0, "c starts inside b's last page");
+    assert_ne!(a % PAGE + 8_519_680, PAGE * 5, "b starts inside a page");
+    arena.malloc(7_000 << 20, 0).unwrap();
+    (sim, arena, b)
+}
+
+#[test]
+fn a_large_blocks_handle_is_not_held_by_a_neighbour_on_its_boundary_page() {
+    // The boundary page `b` shares with `c` is a handle of its own: once `b` is freed its handle
+    // (380 pages: its first ones are the spare pages of the medium block's growth step) is idle,
+    // not held by `c`, and a 1,000 MiB request, more than the limit leaves, moves it. Were the page in `b`'s handle, `c` would hold all 768 MiB and the
+    // request would run out of memory with 7.8 GiB requested of 8.
+    let (_sim, arena, b) = a_large_block_with_a_neighbour_on_its_last_page();
+    arena.free(b, Some(768 << 20), 0).unwrap();
+    let pages = arena.extras().pages;
+    assert!(pages.idle_mapped >= 380, "{pages:?}");
+    assert!(pages.held < 8, "{pages:?}");
+    let e = arena
+        .malloc(1_000 << 20, 0)
+        .expect("b's idle handle moves to the new block");
+    assert_ne!(e, 0);
+    let s = arena.stats();
+    assert!(s.reserved_bytes.all().current <= 8 << 30);
+    assert_eq!(
+        arena.extras().pages.total() * PAGE,
+        s.reserved_bytes.all().current as u64
+    );
+    arena.check_consistency().unwrap();
+}
+
+#[test]
+fn a_block_is_not_placed_on_part_of_an_idle_large_handle_while_the_limit_leaves_room() {
+    // With `b` freed, its range is the best fit for a 64 MiB block, and its pages are mapped:
+    // but there the block would hold the rest of `b`'s 760 MiB handle, unusable elsewhere and too
+    // short for a block of `b`'s size. While the limit leaves room, it goes to new pages instead,
+    // and the 768 MiB block that comes back takes `b`'s place with no driver call.
+    let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    arena.malloc(8_519_680, 0).unwrap();
+    let b = arena.malloc(768 << 20, 0).unwrap();
+    arena.malloc(64 << 20, 0).unwrap();
+    arena.free(b, Some(768 << 20), 0).unwrap();
+    let d = arena.malloc(64 << 20, 0).unwrap();
+    assert!(!(b..b + (768 << 20)).contains(&d), "placed in b's range");
+    let creates = sim.counters().mem_create;
+    assert_eq!(arena.malloc(768 << 20, 0).unwrap(), b);
+    assert_eq!(sim.counters().mem_create, creates);
+    arena.check_consistency().unwrap();
+}
+
 #[test]
 fn pages_a_live_block_holds_unused_are_counted_and_named_when_memory_runs_out() {
     // A 100 MiB block's handle (under 1/32 of the limit: its last page is not apart) stays
