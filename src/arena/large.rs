@@ -126,11 +126,16 @@ impl Inner {
     ///   for the large block that comes back (sungdk0822 `dmodel16_seqlen4096` grew a seventh
     ///   512 MiB handle so, where native holds six).
     ///
+    /// - As for large blocks, while the limit leaves room for the block, a place that would
+    ///   strand part of an idle large handle (`strands`) comes after every other.
+    ///
     /// PyTorch keeps the two apart by packing medium requests into segments of their own.
     fn place_medium(&mut self, s: u32, len: u64) -> Option<Fit> {
         let keep = KEEP_RANGE_BYTES.min(len.saturating_mul(KEEP_RANGE_TIMES));
-        // (new pages, on a large block's pages in a long range), the fit, whether at its end.
-        let mut best: Option<((u64, bool), Fit, bool)> = None;
+        let room = self.limit.saturating_sub(self.reserved()) >= len;
+        // (strands, new pages, on a large block's pages in a long range), the fit, whether at
+        // its end.
+        let mut best: Option<((bool, u64, bool), Fit, bool)> = None;
         let mut seen = 0;
         self.streams[s as usize].large.each_fit(len, |fit, free| {
             let r = &self.regions[fit.region as usize];
@@ -140,22 +145,26 @@ impl Inner {
             let end = fit.addr + free - len;
             let at_end = long && !last && self.unmapped_pages(fit.region, end, len, 1) == 0;
             let at = if at_end { end } else { fit.addr };
+            seen += 1;
+            let strands = room && self.strands(fit.region, at, len);
+            // Pages to map past which it cannot beat the best so far.
+            let limit = match best {
+                Some(((b, missing, _), ..)) if b == strands => missing + 1,
+                Some(((false, ..), ..)) => 0,
+                _ => u64::MAX,
+            };
             let missing = match at_end {
                 true => 0, // checked just above
-                false => {
-                    let limit = best.map_or(u64::MAX, |b| b.0.0 + 1);
-                    self.unmapped_pages(fit.region, at, len, limit)
-                }
+                false => self.unmapped_pages(fit.region, at, len, limit),
             };
-            let key = (
-                missing,
-                long && missing == 0 && self.on_large_handle(fit.region, at, len),
-            );
-            if best.is_none_or(|b| key < b.0) {
-                best = Some((key, fit, at_end));
+            if missing < limit {
+                let large = long && missing == 0 && self.on_large_handle(fit.region, at, len);
+                let key = (strands, missing, large);
+                if best.is_none_or(|b| key < b.0) {
+                    best = Some((key, fit, at_end));
+                }
             }
-            seen += 1;
-            best.is_some_and(|b| b.0 != (0, false)) && seen < PLACEMENT_CANDIDATES
+            best.is_some_and(|b| b.0 != (false, 0, false)) && seen < PLACEMENT_CANDIDATES
         });
         let (_, fit, at_end) = best?;
         if at_end {

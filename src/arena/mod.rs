@@ -187,8 +187,9 @@ const HEADROOM_SHARE: u64 = 8;
 ///   handle would be large, gets that page as a handle of its own (`Inner::acquire`), so that
 ///   the neighbour holds one page, not the block's whole handle, once the block is freed;
 /// - while the limit leaves room for a block, it is not placed on part of an idle large handle
-///   when that would leave more of the handle unusable than the block uses (`Inner::place_large`):
-///   it grows instead, and the handle stays whole for a block of its size.
+///   when that would leave more of the handle unusable than the block uses, if another fit
+///   exists (`Inner::place_large`, `Inner::place_medium`): it grows instead, and the handle
+///   stays whole for a block of its size.
 ///
 /// Without these, sungdk0822 `dmodel128_seqlen16384` (8 GiB blocks with 64 MiB ones between
 /// them) ran out of memory on a 52 GiB device with 48.6 GiB requested, 7.9 GiB held unused in
