@@ -21,6 +21,7 @@
 //!   and reclaiming (`empty_cache`, `defragment`, memory fraction, decay);
 //! - `small.rs`: size-class slabs; `large.rs`: block placement in a stream's address heap;
 //! - `pages.rs`: regions, page tables, idle lists, acquiring/mapping/unmapping pages;
+//! - `growth.rs`: how much a miss creates past what it needs (steps, spare pages, growth ahead);
 //! - `free.rs`: frees, pending frees (record_stream) and pointer lookups;
 //! - `streams.rs`: the stream index and the retirement of idle streams;
 //! - `pool.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
@@ -40,6 +41,7 @@
 mod accounting;
 mod check;
 mod free;
+mod growth;
 mod heap;
 mod ladder;
 mod large;
