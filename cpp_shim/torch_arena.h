@@ -142,6 +142,23 @@ typedef struct torch_arena_growth_t {
   uint64_t below_peak_bytes;
 } torch_arena_growth_t;
 
+/** What torch_arena_pages reports: where a device's physical memory is, in bytes. With VMM, the
+ *  four add up to what the arena holds reserved. */
+typedef struct torch_arena_pages_t {
+  /** Bytes per physical page (the granularity of the counts below). */
+  uint64_t page_size;
+  /** Pages holding at least one live (or pending) allocation. */
+  uint64_t in_use_bytes;
+  /** Pages mapped and holding nothing: reused where they are, or moved where a new range needs
+   *  them. */
+  uint64_t idle_mapped_bytes;
+  /** Pages mapped and holding nothing that cannot move: a physical handle moves only whole, and
+   *  other pages of theirs hold live allocations (or they belong to a private pool). */
+  uint64_t held_bytes;
+  /** Pages created and mapped nowhere, ready for any new range. */
+  uint64_t pooled_bytes;
+} torch_arena_pages_t;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -374,6 +391,10 @@ int torch_arena_reset_accumulated_stats(int device) TORCH_ARENA_NOEXCEPT;
 /** The memory `device`'s arena created, into *out. Status code (out == NULL:
  *  TORCH_ARENA_ERR_INVALID_ARGUMENT). */
 int torch_arena_growth(int device, torch_arena_growth_t* out) TORCH_ARENA_NOEXCEPT;
+
+/** Where `device`'s physical memory is, into *out. Status code (out == NULL:
+ *  TORCH_ARENA_ERR_INVALID_ARGUMENT). */
+int torch_arena_pages(int device, torch_arena_pages_t* out) TORCH_ARENA_NOEXCEPT;
 
 /** Return empty slabs and idle mapped ranges of `device` to the page pool; *out says what was
  *  recovered. Status code (out == NULL: TORCH_ARENA_ERR_INVALID_ARGUMENT, nothing done). */

@@ -275,6 +275,11 @@ impl TorchArena {
         Ok(self.arena(device)?.growth())
     }
 
+    /// Where `device`'s physical pages are: in use, idle mapped, held unused, pooled.
+    pub fn pages(&self, device: i32) -> Result<crate::arena::PageCounts> {
+        Ok(self.arena(device)?.pages())
+    }
+
     pub fn extras(&self, device: i32) -> Result<ArenaExtras> {
         Ok(self.arena(device)?.extras())
     }

@@ -59,6 +59,10 @@ fn null_out_pointers_are_errors_not_crashes() {
         TORCH_ARENA_ERR_INVALID_ARGUMENT
     );
     assert_eq!(
+        unsafe { torch_arena_pages(0, std::ptr::null_mut()) },
+        TORCH_ARENA_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
         unsafe { torch_arena_empty_cache_report(std::ptr::null_mut()) },
         TORCH_ARENA_ERR_INVALID_ARGUMENT
     );
@@ -300,6 +304,42 @@ fn growth_counts_the_memory_created() {
     );
     assert_eq!(
         unsafe { torch_arena_growth(99, &mut after) },
+        TORCH_ARENA_ERR_BAD_DEVICE
+    );
+}
+
+/// `torch_arena_pages` says where the reserved bytes are: a live block's pages are in use, and
+/// with VMM the four parts add up to `reserved_bytes.all.current`.
+#[test]
+fn pages_add_up_to_what_is_reserved() {
+    let _g = setup();
+    let mut p: *mut c_void = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { torch_arena_try_malloc(32 << 20, 0, std::ptr::null_mut(), &mut p) },
+        TORCH_ARENA_OK
+    );
+    let mut pages = TorchArenaPages::default();
+    assert_eq!(
+        unsafe { torch_arena_pages(0, &mut pages) },
+        TORCH_ARENA_OK,
+        "{}",
+        last_error()
+    );
+    let parts =
+        pages.in_use_bytes + pages.idle_mapped_bytes + pages.held_bytes + pages.pooled_bytes;
+    assert_eq!(
+        parts,
+        stat("reserved_bytes.all.current") as u64,
+        "{pages:?}"
+    );
+    assert!(pages.in_use_bytes >= 32 << 20, "{pages:?}");
+    assert_eq!(pages.page_size, 2 << 20);
+    assert_eq!(
+        torch_arena_try_free(p, 32 << 20, 0, std::ptr::null_mut()),
+        TORCH_ARENA_OK
+    );
+    assert_eq!(
+        unsafe { torch_arena_pages(99, &mut pages) },
         TORCH_ARENA_ERR_BAD_DEVICE
     );
 }

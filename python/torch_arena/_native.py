@@ -129,6 +129,18 @@ class Growth(_Counts):
     ]
 
 
+class Pages(_Counts):
+    """``torch_arena_pages_t``: where a device's physical memory is, in bytes."""
+
+    _fields_ = [
+        ("page_size", ctypes.c_uint64),
+        ("in_use_bytes", ctypes.c_uint64),
+        ("idle_mapped_bytes", ctypes.c_uint64),
+        ("held_bytes", ctypes.c_uint64),
+        ("pooled_bytes", ctypes.c_uint64),
+    ]
+
+
 def _find_library() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     found = sorted(glob.glob(os.path.join(here, "_native_lib*.so")))
@@ -177,6 +189,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "torch_arena_reset_accumulated_stats": (_c_int, [_c_int]),
     "torch_arena_defragment": (_c_int, [_c_int, ctypes.POINTER(ReclaimReport)]),
     "torch_arena_growth": (_c_int, [_c_int, ctypes.POINTER(Growth)]),
+    "torch_arena_pages": (_c_int, [_c_int, ctypes.POINTER(Pages)]),
     "torch_arena_empty_cache_report": (_c_int, [ctypes.POINTER(ReclaimReport)]),
     "torch_arena_set_oom_observer": (_c_int, [_c_ptr]),
 }
@@ -521,6 +534,13 @@ def growth(device: int) -> dict[str, int]:
     """The memory ``device``'s arena created, by what each request did to the bytes requested."""
     out = Growth()
     _check(_lib.torch_arena_growth(device, ctypes.byref(out)), "torch_arena_growth")
+    return out.as_dict()
+
+
+def pages(device: int) -> dict[str, int]:
+    """Where ``device``'s physical memory is, in bytes."""
+    out = Pages()
+    _check(_lib.torch_arena_pages(device, ctypes.byref(out)), "torch_arena_pages")
     return out.as_dict()
 
 

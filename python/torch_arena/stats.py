@@ -264,6 +264,18 @@ def growth(device: Any = None) -> dict[str, int]:
     return _native.growth(_device_index(device))
 
 
+@_public
+def pages(device: Any = None) -> dict[str, int]:
+    """Where ``device``'s physical memory is, in bytes: ``in_use_bytes`` (pages holding live
+    tensors), ``idle_mapped_bytes`` (mapped pages holding nothing, reused where they are or moved
+    where a new range needs them), ``held_bytes`` (mapped pages holding nothing that cannot move:
+    a physical handle moves only whole, and other pages of theirs hold live tensors; only freeing
+    those makes them usable elsewhere) and ``pooled_bytes`` (created, mapped nowhere), in pages of
+    ``page_size`` bytes. With VMM the four add up to ``memory_reserved()``. When memory runs out
+    with much reserved but little allocated, ``held_bytes`` says how much of it is stuck."""
+    return _native.pages(_device_index(device))
+
+
 # ---------------------------------------------------------------------------------------------
 # Raw allocations, as torch.cuda.caching_allocator_alloc / _delete.
 

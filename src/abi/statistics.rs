@@ -169,6 +169,47 @@ pub unsafe extern "C" fn torch_arena_growth(device: c_int, out: *mut TorchArenaG
     })
 }
 
+/// `torch_arena_pages` in the header: where a device's physical memory is, in bytes
+/// ([`crate::arena::PageCounts`]): the four add up to what it holds reserved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TorchArenaPages {
+    pub page_size: u64,
+    pub in_use_bytes: u64,
+    pub idle_mapped_bytes: u64,
+    pub held_bytes: u64,
+    pub pooled_bytes: u64,
+}
+
+/// Where `device`'s physical memory is, into `*out`. 0 or an error code (`out` NULL:
+/// `TORCH_ARENA_ERR_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `out` is NULL or valid for one `torch_arena_pages` write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn torch_arena_pages(device: c_int, out: *mut TorchArenaPages) -> c_int {
+    status("torch_arena_pages", || {
+        if out.is_null() {
+            return Err(Failure::invalid("torch_arena_pages: out is NULL"));
+        }
+        let inst = instance()?;
+        let r = inst.pages(device);
+        watch_device(inst, device, &r);
+        let p = r?;
+        let bytes = |n: u64| n.saturating_mul(p.page_size);
+        let v = TorchArenaPages {
+            page_size: p.page_size,
+            in_use_bytes: bytes(p.in_use),
+            idle_mapped_bytes: bytes(p.idle_mapped),
+            held_bytes: bytes(p.held),
+            pooled_bytes: bytes(p.pooled),
+        };
+        // SAFETY: non-null, valid by the caller's contract.
+        unsafe { *out = v };
+        Ok(())
+    })
+}
+
 /// Return empty slabs and idle ranges of `device` to the page pool; what was recovered goes to
 /// `*out`. 0 or an error code (`out` NULL: `TORCH_ARENA_ERR_INVALID_ARGUMENT`, nothing done).
 ///

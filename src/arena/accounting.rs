@@ -50,6 +50,25 @@ impl Inner {
         self.stats.reserved_bytes.all().current as u64
     }
 
+    /// Where the physical pages are: in use, idle mapped, held unused, pooled ([`PageCounts`]).
+    /// Walks the regions' handles: for reports.
+    pub(super) fn page_counts(&self) -> PageCounts {
+        let plain_idle: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.plain && r.live)
+            .map(|r| r.pages.len() as u64 - r.in_use as u64)
+            .sum();
+        PageCounts {
+            page_size: self.page,
+            in_use: self.in_use_pages[Pool::Small as usize]
+                + self.in_use_pages[Pool::Large as usize],
+            idle_mapped: self.idle_len + plain_idle,
+            held: self.held_pages(),
+            pooled: self.pooled_pages,
+        }
+    }
+
     /// Mapped VMM pages that hold nothing and cannot move ([`PageCounts::held`]): the unused pages
     /// of handles that are not idle. One visit per handle and per unmapped page: for reports.
     pub(super) fn held_pages(&self) -> u64 {
@@ -169,25 +188,13 @@ impl Inner {
             c.used_slots += slab.used as u64;
             c.total_slots += slab.slots as u64;
         }
-        let plain_idle: u64 = self
-            .regions
-            .iter()
-            .filter(|r| r.plain && r.live)
-            .map(|r| r.pages.len() as u64 - r.in_use as u64)
-            .sum();
         ArenaExtras {
             device_name: self.info.name.clone(),
             capacity: self.info.total_bytes,
             limit: self.limit,
             vmm: self.vmm,
             classes,
-            pages: PageCounts {
-                page_size: self.page,
-                in_use: self.in_use_pages[1] + self.in_use_pages[2],
-                idle_mapped: self.idle_len + plain_idle,
-                held: self.held_pages(),
-                pooled: self.pooled_pages,
-            },
+            pages: self.page_counts(),
             driver: self.dev.counters(),
             bad_frees: self.bad_frees,
             pending_frees: self.pending.len() as u64,

@@ -832,6 +832,12 @@ impl Arena {
         g.stats.reset_peak();
     }
 
+    /// Where the physical pages are: in use, idle mapped, held unused, pooled (also in
+    /// [`Arena::extras`], which costs more: it walks the slabs too). One visit per handle.
+    pub fn pages(&self) -> PageCounts {
+        self.inner.lock().page_counts()
+    }
+
     /// Physical memory created so far, by whether its request took the bytes requested to a new
     /// peak (also in [`Arena::extras`], which costs more: it walks the slabs).
     pub fn growth(&self) -> GrowthCounts {

@@ -50,6 +50,7 @@ def test_the_public_api_is_complete():
         "empty_cache",
         "growth",
         "library_path",
+        "pages",
         "max_memory_allocated",
         "max_memory_reserved",
         "memory_allocated",

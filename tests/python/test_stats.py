@@ -267,6 +267,45 @@ def test_growth_tells_memory_created_for_a_new_peak_from_memory_created_below_it
     assert proc.stdout.strip() == "ok"
 
 
+PAGES_SCRIPT = """
+import torch_arena
+MiB = 1 << 20
+keys = ["page_size", "in_use_bytes", "idle_mapped_bytes", "held_bytes", "pooled_bytes"]
+def parts(p):
+    return p["in_use_bytes"] + p["idle_mapped_bytes"] + p["held_bytes"] + p["pooled_bytes"]
+p = torch_arena.pages()
+assert list(p) == keys, p
+assert p["page_size"] == 2 * MiB and parts(p) == torch_arena.memory_reserved() == 0, p
+# A 100.5 KiB-past-100 MiB block, then a 64 MiB one right after it, on its last page: with the
+# first freed, its handle stays mapped but held by the second (under 1/32 of the simulated GPU,
+# its last page is not a handle of its own).
+a = torch_arena.caching_allocator_alloc(100 * MiB + 512)
+b = torch_arena.caching_allocator_alloc(64 * MiB)
+assert b == a + 100 * MiB + 512, (a, b)
+p = torch_arena.pages()
+assert p["in_use_bytes"] >= 164 * MiB and parts(p) == torch_arena.memory_reserved(), p
+torch_arena.caching_allocator_delete(a)
+q = torch_arena.pages()
+assert q["held_bytes"] >= p["held_bytes"] + 98 * MiB, (p, q)
+assert parts(q) == torch_arena.memory_reserved(), q
+# Freeing the second lets the whole handle go idle; empty_cache gives everything back.
+torch_arena.caching_allocator_delete(b)
+r = torch_arena.pages()
+assert r["held_bytes"] < q["held_bytes"] and parts(r) == torch_arena.memory_reserved(), (q, r)
+torch_arena.empty_cache()
+assert parts(torch_arena.pages()) == torch_arena.memory_reserved() == 0
+print("ok")
+"""
+
+
+def test_pages_say_where_the_reserved_memory_is_and_what_a_neighbour_holds(tmp_path):
+    from conftest import run_python
+
+    proc = run_python(PAGES_SCRIPT, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
 # ---------------------------------------------------------------------------------------------
 # memory_summary.
 
