@@ -135,6 +135,13 @@ impl Inner {
             .flat_map(|r| &r.pages)
             .filter(|s| s.idle_stamp != 0)
             .count() as u64;
+        if self.idle_large != self.count_idle_large() {
+            return Err(format!(
+                "{} idle large handles counted, {} on the idle lists",
+                self.idle_large,
+                self.count_idle_large()
+            ));
+        }
         if idle_pages != self.idle_len || n != marked {
             return Err(format!(
                 "idle lists hold {n} handles of {idle_pages} pages, {} pages counted, {marked} \

@@ -80,7 +80,7 @@ impl Inner {
 
     /// Pages of a large handle ([`LARGE_HANDLE_SHARE`]), at least 2.
     pub(super) fn large_handle_pages(&self) -> u32 {
-        (self.limit / self.page / LARGE_HANDLE_SHARE).clamp(2, u32::MAX as u64) as u32
+        self.large_pages
     }
 
     /// How many spare pages a handle created for the small pool may cover (before the other

@@ -86,13 +86,13 @@ impl Inner {
         if len < MEDIUM_BYTES {
             return self.place_medium(s, len);
         }
-        let room = self.limit.saturating_sub(self.reserved()) >= len;
+        let guard = self.guards_large_handles(len);
         // (strands, pages to map) of the best so far.
         let mut best: Option<((bool, u64), Fit)> = None;
         let mut seen = 0;
         self.streams[s as usize].large.each_fit(len, |fit, _| {
             seen += 1;
-            let strands = room && self.strands(fit.region, fit.addr, len);
+            let strands = guard && self.strands(fit.region, fit.addr, len);
             // Pages to map that would still beat the best so far (none: it cannot).
             let limit = match best {
                 None => u64::MAX,
@@ -132,7 +132,7 @@ impl Inner {
     /// PyTorch keeps the two apart by packing medium requests into segments of their own.
     fn place_medium(&mut self, s: u32, len: u64) -> Option<Fit> {
         let keep = KEEP_RANGE_BYTES.min(len.saturating_mul(KEEP_RANGE_TIMES));
-        let room = self.limit.saturating_sub(self.reserved()) >= len;
+        let guard = self.guards_large_handles(len);
         // (strands, new pages, on a large block's pages in a long range), the fit, whether at
         // its end.
         let mut best: Option<((bool, u64, bool), Fit, bool)> = None;
@@ -146,7 +146,7 @@ impl Inner {
             let at_end = long && !last && self.unmapped_pages(fit.region, end, len, 1) == 0;
             let at = if at_end { end } else { fit.addr };
             seen += 1;
-            let strands = room && self.strands(fit.region, at, len);
+            let strands = guard && self.strands(fit.region, at, len);
             // Pages to map past which it cannot beat the best so far.
             let limit = match best {
                 Some(((b, missing, _), ..)) if b == strands => missing + 1,
@@ -194,6 +194,13 @@ impl Inner {
             p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
         }
         false
+    }
+
+    /// Whether placing a block of `len` bytes weighs `strands`: only while an idle large handle
+    /// exists at all (a counter, so that the malloc path pays for the check only then), and while
+    /// the limit leaves room for the block (else it takes what is there).
+    fn guards_large_handles(&self, len: u64) -> bool {
+        self.idle_large > 0 && self.limit.saturating_sub(self.reserved()) >= len
     }
 
     /// Whether a block at `[addr, addr + len)` of `region` would strand part of an idle large

@@ -200,6 +200,11 @@ const HEADROOM_SHARE: u64 = 8;
 /// "Large handles near the limit"): 1/16 and 1/32 move the same trace and no other; at 1/64
 /// and 1/128 one more (`xl_fwd_cl2048` float32) reserves 120 MiB more, over native's peak.
 const LARGE_HANDLE_SHARE: u64 = 32;
+
+/// Pages of a large handle under `limit` ([`LARGE_HANDLE_SHARE`]), at least 2.
+fn large_pages(limit: u64, page: u64) -> u32 {
+    (limit / page / LARGE_HANDLE_SHARE).clamp(2, u32::MAX as u64) as u32
+}
 /// Streams kept without question. Past this many, a new stream first retires streams that hold
 /// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
 /// to the pool, their reservations and page tables are given back).
@@ -612,6 +617,12 @@ struct Inner {
     growth_time: accounting::GrowthTime,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
+    /// Pages of a large handle: 1/[`LARGE_HANDLE_SHARE`] of the limit, at least 2 (`large_pages`;
+    /// set with the limit, read on the malloc path by `Inner::strands`).
+    large_pages: u32,
+    /// Handles on the idle lists of at least `large_pages` pages: none, and no placement needs to
+    /// ask whether it would strand one (`Inner::guards_large_handles`).
+    idle_large: u64,
     /// Most pages per physical handle created for large blocks (`handle_mb` over the page size;
     /// with `handle_mb:0`, as many as a handle holds).
     handle_pages: u32,
@@ -709,6 +720,8 @@ impl Arena {
             growth: GrowthCounts::default(),
             growth_time: accounting::GrowthTime::new(),
             idle_len: 0,
+            large_pages: large_pages(limit, page),
+            idle_large: 0,
             // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
             // counts its handle's pages in a u16, so that bounds a handle sized to its run.
             handle_pages: match conf.handle_mb {
@@ -819,6 +832,8 @@ impl Arena {
         let mut g = self.inner.lock();
         g.fraction = fraction;
         g.limit = limit_for(g.info.total_bytes, fraction, g.page);
+        g.large_pages = large_pages(g.limit, g.page);
+        g.idle_large = g.count_idle_large();
         g.trim_to_limit()
     }
 

@@ -702,6 +702,7 @@ impl Inner {
         }
         self.streams[owner].idle_tail = at;
         self.idle_len += pages;
+        self.idle_large += (pages >= self.large_pages as u64) as u64;
     }
 
     /// Take a page off the idle list.
@@ -723,6 +724,22 @@ impl Inner {
             n => self.slot_mut(n).idle_prev = prev,
         }
         self.idle_len -= pages;
+        self.idle_large -= (pages >= self.large_pages as u64) as u64;
+    }
+
+    /// Handles of at least `large_pages` pages on the idle lists, counted by walking them (when
+    /// the limit, and with it `large_pages`, changes; and by the consistency check).
+    pub(super) fn count_idle_large(&self) -> u64 {
+        let mut n = 0;
+        for st in &self.streams {
+            let mut at = st.idle_head;
+            while at != PageRef::NONE {
+                let slot = self.slot(at);
+                n += (slot.hlen as u32 >= self.large_pages) as u64;
+                at = slot.idle_next;
+            }
+        }
+        n
     }
 
     /// Give back an empty region of its stream: the reservation (or plain segment) to the driver,
