@@ -51,7 +51,7 @@ impl Inner {
     }
 
     /// Where the physical pages are: in use, idle mapped, held unused, pooled ([`PageCounts`]).
-    /// Walks the regions' handles: for reports.
+    /// Walks the regions (`held_pages`): for reports.
     pub(super) fn page_counts(&self) -> PageCounts {
         let plain_idle: u64 = self
             .regions

@@ -848,7 +848,8 @@ impl Arena {
     }
 
     /// Where the physical pages are: in use, idle mapped, held unused, pooled (also in
-    /// [`Arena::extras`], which costs more: it walks the slabs too). One visit per handle.
+    /// [`Arena::extras`], which costs more: it walks the slabs too). One visit per mapped handle
+    /// and per unmapped page of every region, under the lock: for reports, not every malloc.
     pub fn pages(&self) -> PageCounts {
         self.inner.lock().page_counts()
     }
