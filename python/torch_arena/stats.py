@@ -272,7 +272,8 @@ def pages(device: Any = None) -> dict[str, int]:
     a physical handle moves only whole, and other pages of theirs hold live tensors; only freeing
     those makes them usable elsewhere) and ``pooled_bytes`` (created, mapped nowhere), in pages of
     ``page_size`` bytes. With VMM the four add up to ``memory_reserved()``. When memory runs out
-    with much reserved but little allocated, ``held_bytes`` says how much of it is stuck."""
+    with much reserved but little allocated, ``held_bytes`` says how much of it is stuck. It walks
+    the arena's page tables under its lock: read it to diagnose, not around every allocation."""
     return _native.pages(_device_index(device))
 
 
