@@ -212,16 +212,11 @@ impl Inner {
         }
         // Every page held is in use, idle, held unused (`held_pages`) or pooled.
         if plain == 0 {
-            let in_use =
-                self.in_use_pages[Pool::Small as usize] + self.in_use_pages[Pool::Large as usize];
-            let counted = in_use + self.idle_len + self.held_pages() + self.pooled_pages;
-            if counted * self.page != self.reserved() {
+            let pages = self.page_counts();
+            if pages.total() * self.page != self.reserved() {
                 return Err(format!(
-                    "{in_use} pages in use, {} idle, {} held unused and {} pooled make {counted}, \
-                     but {} bytes are reserved",
-                    self.idle_len,
-                    self.held_pages(),
-                    self.pooled_pages,
+                    "{pages:?} make {} pages, but {} bytes are reserved",
+                    pages.total(),
                     self.reserved()
                 ));
             }

@@ -78,11 +78,6 @@ impl Inner {
         })
     }
 
-    /// Pages of a large handle ([`LARGE_HANDLE_SHARE`]), at least 2.
-    pub(super) fn large_handle_pages(&self) -> u32 {
-        self.large_pages
-    }
-
     /// How many spare pages a handle created for the small pool may cover (before the other
     /// bounds of `back_run`): 1/[`SMALL_GROWTH_SHARE`] of what is reserved while the request being
     /// served takes the bytes requested to a new peak or the arena's growth costs more than

@@ -212,7 +212,7 @@ impl Inner {
         let r = &self.regions[region as usize];
         let first = self.page_of(addr - r.base) as usize;
         let last = self.page_of(addr + len - 1 - r.base) as usize;
-        let large = self.large_handle_pages() as usize;
+        let large = self.large_pages as usize;
         let mut stranded = 0;
         let mut seen_head = None;
         for p in [first, last] {

@@ -333,7 +333,7 @@ impl Inner {
         };
         // A boundary page goes apart only under a large handle: past the page itself, one
         // handle more costs a create and a map (and a grant's share) every time.
-        let large = pool == Pool::Large && per_handle.min(len) >= self.large_handle_pages();
+        let large = pool == Pool::Large && per_handle.min(len) >= self.large_pages;
         let extra = Extra {
             spare,
             stepping: offered > 0,
