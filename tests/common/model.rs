@@ -113,7 +113,7 @@ pub fn size_strategy() -> impl Strategy<Value = u64> {
         3 => 4096u64..(1 << 20) + 1,
         2 => (1u64 << 20)..(6 << 20),
         1 => (6u64 << 20)..(24 << 20),
-        // Tensor sizes repeat every training step: these hit the arena's exact-length cache.
+        // Tensor sizes repeat every training step: the same lengths freed and asked for again.
         3 => prop::sample::select(vec![(1u64 << 20) + 4096, 3 << 20, (5 << 20) + 512, (9 << 20) + 7]),
     ]
 }
