@@ -118,9 +118,26 @@ pub fn size_strategy() -> impl Strategy<Value = u64> {
     ]
 }
 
-pub fn op_strategy() -> impl Strategy<Value = Op> {
+/// Sizes for a device of a few hundred MiB where large blocks are large handles (at least
+/// 1/32 of the limit): the rules that keep a large handle movable (its boundary pages apart,
+/// placement that does not strand it) act on most of them, and the limit is often reached.
+pub fn large_size_strategy() -> impl Strategy<Value = u64> {
     prop_oneof![
-        10 => (0..2usize, 0..3usize, size_strategy()).prop_map(|(dev, stream, size)| Op::Alloc { dev, stream, size }),
+        2 => 1u64..(1 << 20) + 1,
+        2 => (1u64 << 20)..(24 << 20),
+        3 => (24u64 << 20)..(160 << 20),
+        2 => prop::sample::select(vec![64u64 << 20, (100 << 20) + 512, (150 << 20) + 4096]),
+    ]
+}
+
+pub fn op_strategy() -> impl Strategy<Value = Op> {
+    op_strategy_sized(size_strategy())
+}
+
+/// [`op_strategy`] with allocation sizes drawn from `sizes`.
+pub fn op_strategy_sized(sizes: impl Strategy<Value = u64>) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (0..2usize, 0..3usize, sizes).prop_map(|(dev, stream, size)| Op::Alloc { dev, stream, size }),
         7 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         2 => (any::<usize>(), 0..3usize).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
         3 => (any::<usize>(), any::<bool>()).prop_map(|(pick, other)| Op::Launch { pick, other }),

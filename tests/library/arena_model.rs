@@ -17,7 +17,7 @@ use crate::model;
 
 use std::sync::Arc;
 
-use model::{PAGE, Rig, TestGpu, op_strategy};
+use model::{PAGE, Rig, TestGpu, large_size_strategy, op_strategy, op_strategy_sized};
 use proptest::prelude::*;
 use torch_arena::arena::{Arena, Growth};
 use torch_arena::config::Config;
@@ -104,6 +104,16 @@ proptest! {
     fn without_stitching(ops in prop::collection::vec(op_strategy(), 1..120)) {
         let conf = Config { stitch: false, ..Config::default() };
         run(&ops, 96, &conf).map_err(TestCaseError::fail)?;
+    }
+
+    /// Blocks of up to 160 MiB on a 640 MiB device: most are large handles (the limit's 1/32 is
+    /// 20 MiB), so their boundary pages go apart and placement weighs stranding them, and the
+    /// limit is reached often (stitching, the ladder, out of memory).
+    #[test]
+    fn large_handles_near_the_limit_keep_every_invariant(
+        ops in prop::collection::vec(op_strategy_sized(large_size_strategy()), 1..120),
+    ) {
+        run(&ops, 640, &Config::default()).map_err(TestCaseError::fail)?;
     }
 
     /// Driver calls fail at random (reserve, create, map): every failure leaves the arena
