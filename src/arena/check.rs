@@ -135,11 +135,11 @@ impl Inner {
             .flat_map(|r| &r.pages)
             .filter(|s| s.idle_stamp != 0)
             .count() as u64;
-        if self.idle_large != self.count_idle_large() {
+        let idle_large = self.count_idle_large();
+        if self.idle_large != idle_large {
             return Err(format!(
-                "{} idle large handles counted, {} on the idle lists",
-                self.idle_large,
-                self.count_idle_large()
+                "{} idle large handles counted, {idle_large} on the idle lists",
+                self.idle_large
             ));
         }
         if idle_pages != self.idle_len || n != marked {

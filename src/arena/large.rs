@@ -210,8 +210,8 @@ impl Inner {
     /// does not cover whole.
     fn strands(&self, region: u32, addr: u64, len: u64) -> bool {
         let r = &self.regions[region as usize];
-        let first = self.page_of(addr - r.base) as usize;
-        let last = self.page_of(addr + len - 1 - r.base) as usize;
+        let (first, last) = self.pages_of(region, addr, len);
+        let (first, last) = (first as usize, last as usize);
         let large = self.large_pages as usize;
         let mut stranded = 0;
         let mut seen_head = None;
