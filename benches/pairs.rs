@@ -33,6 +33,12 @@
 //! it ran after filling (warm-up included): `bench/instructions` runs it under cachegrind at two
 //! scales and divides the difference in instructions by the difference in pairs.
 //!
+//! After the pairs, a last child (`TORCH_ARENA_BENCH_CHILD=latency`) times dependent loads
+//! through random cycles over working sets of 1 MiB to 1 GiB: the machine's cache-miss cost by
+//! the size of the structure missed into, printed and kept in the JSON
+//! (`memory_latency_ns`). It is what separates the 1M-live rows from the 1k ones, and it
+//! differs between the VMs the results were taken on.
+//!
 //! Tracking (`src/track`): `TORCH_ARENA_BENCH_TRACK=off,default,python,native` (any of them, comma
 //! separated) adds, per configuration, one side per mode that runs the same pairs through the
 //! whole `TorchArena` (tracker included) on an equal simulated device: `off` with
@@ -866,17 +872,77 @@ fn measure_side(
 
 const CHILD_ENV: &str = "TORCH_ARENA_BENCH_CHILD";
 
+/// This very binary: /proc/self/exe names it even if cargo rebuilds or removes the file while
+/// the benchmark runs; elsewhere, the path it was started from.
+fn this_exe() -> Result<PathBuf, String> {
+    if Path::new("/proc/self/exe").exists() {
+        Ok(PathBuf::from("/proc/self/exe"))
+    } else {
+        std::env::current_exe().map_err(|e| format!("current_exe: {e}"))
+    }
+}
+
+/// Working sets of the memory-latency probe, in MiB.
+const LATENCY_MIB: [usize; 6] = [1, 4, 16, 64, 256, 1024];
+
+/// Dependent loads timed per working set.
+const LATENCY_LOADS: usize = 2_000_000;
+
+/// Nanoseconds per load when each load's address comes from the one before, through a random
+/// cycle over every 64-byte line of `mib` MiB: what one cache (and TLB) miss into a structure
+/// of that size costs on this machine. At 1M live allocations the arena's own tables are tens
+/// of MiB to GiB, so this is the floor under what a pair can cost there (BENCHMARKS.md,
+/// "Targets"), and it differs between the VMs the runs were taken on.
+fn chase_ns(mib: usize) -> f64 {
+    const LINE: usize = 8; // u64s per 64-byte line
+    let lines = (mib << 20) / 64;
+    let mut next = vec![0u64; lines * LINE];
+    // Sattolo's shuffle: one cycle through every line, so no load is served by a short loop.
+    let mut order: Vec<usize> = (0..lines).collect();
+    let mut rng = SplitMix(SEED);
+    for i in (1..lines).rev() {
+        order.swap(i, rng.below(i as u64) as usize);
+    }
+    for i in 0..lines {
+        next[order[i] * LINE] = (order[(i + 1) % lines] * LINE) as u64;
+    }
+    let mut at = 0usize;
+    let start = Instant::now();
+    for _ in 0..LATENCY_LOADS {
+        at = next[at] as usize;
+    }
+    let ns = start.elapsed().as_nanos() as f64 / LATENCY_LOADS as f64;
+    black_box(at);
+    ns
+}
+
+/// The latency probe in a fresh child (`TORCH_ARENA_BENCH_CHILD=latency`): `(MiB, ns)` per
+/// working set.
+fn spawn_latency() -> Result<Vec<(usize, f64)>, String> {
+    let out = Command::new(this_exe()?)
+        .env(CHILD_ENV, "latency")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot start the child: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("LATENCY "))
+        .ok_or_else(|| format!("the latency child printed no result ({})", out.status))?;
+    line.split_whitespace()
+        .map(|f| {
+            let (mib, ns) = f.split_once(':')?;
+            Some((mib.parse().ok()?, ns.parse().ok()?))
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| format!("unreadable latency result {line:?}"))
+}
+
 /// Run one side of one configuration in a fresh process, so that no side inherits another's
 /// heap state (glibc's adaptive mmap threshold, fragmentation) or its resident memory.
 fn spawn_side(mix: &Mix, live: usize, threads: usize, side: &str) -> Result<Side, String> {
-    // /proc/self/exe names this very binary even if cargo rebuilds or removes the file while
-    // the benchmark runs; elsewhere, the path it was started from.
-    let exe = if Path::new("/proc/self/exe").exists() {
-        PathBuf::from("/proc/self/exe")
-    } else {
-        std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?
-    };
-    let out = Command::new(exe)
+    let out = Command::new(this_exe()?)
         .env(CHILD_ENV, format!("{}/{live}/{threads}/{side}", mix.name))
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
@@ -894,6 +960,14 @@ fn spawn_side(mix: &Mix, live: usize, threads: usize, side: &str) -> Result<Side
 }
 
 fn child_main(spec: &str, mixes: &[&Mix], scale: f64) -> ! {
+    if spec == "latency" {
+        let figures: Vec<String> = LATENCY_MIB
+            .iter()
+            .map(|&mib| format!("{mib}:{:.1}", chase_ns(mib)))
+            .collect();
+        println!("LATENCY {}", figures.join(" "));
+        std::process::exit(0);
+    }
     let parts: Vec<&str> = spec.split('/').collect();
     let result = (|| {
         let [name, live, threads, side] = parts[..] else {
@@ -1335,6 +1409,17 @@ fn main() {
         let _ = std::io::stdout().flush();
         rows.push(row);
     }
+    let latency = spawn_latency();
+    match &latency {
+        Ok(l) => println!(
+            "memory latency (ns per dependent load, by working set): {}",
+            l.iter()
+                .map(|(mib, ns)| format!("{mib} MiB {ns:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => println!("memory latency unavailable: {e}"),
+    }
     let total = started.elapsed();
     println!("total {:.1} s", total.as_secs_f64());
 
@@ -1368,6 +1453,21 @@ fn main() {
     let _ = writeln!(json, "  \"dirty_files\": [{}],", dirty.join(", "));
     let _ = writeln!(json, "  \"date\": {},", esc(&stamp));
     let _ = writeln!(json, "  \"machine\": {},", machine_json(&root));
+    let _ = writeln!(
+        json,
+        "  \"memory_latency_ns\": {},",
+        match &latency {
+            Ok(l) => format!(
+                "{{\"what\": \"ns per dependent load through a random cycle over every 64-byte line \
+                 of a working set, by its size in MiB\", {}}}",
+                l.iter()
+                    .map(|(mib, ns)| format!("\"{mib}\": {ns:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(_) => "null".to_string(),
+        }
+    );
     let _ = writeln!(
         json,
         "  \"settings\": {{\"arena_config\": \"defaults (Config::default(): page_size_mb 2, stitch \
