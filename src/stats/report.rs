@@ -39,7 +39,7 @@ pub struct PageCounts {
 impl PageCounts {
     /// Every page reserved: with VMM, `reserved_bytes` is this many pages.
     pub fn total(&self) -> u64 {
-        (self.in_use)
+        self.in_use
             .saturating_add(self.idle_mapped)
             .saturating_add(self.held)
             .saturating_add(self.pooled)

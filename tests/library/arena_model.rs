@@ -220,8 +220,9 @@ fn a_large_block_with_a_neighbour_on_its_last_page() -> (Arc<SimDevice>, Arena, 
 fn a_large_blocks_handle_is_not_held_by_a_neighbour_on_its_boundary_page() {
     // The boundary page `b` shares with `c` is a handle of its own: once `b` is freed its handle
     // (380 pages: its first ones are the spare pages of the medium block's growth step) is idle,
-    // not held by `c`, and a 1,000 MiB request, more than the limit leaves, moves it. Were the page in `b`'s handle, `c` would hold all 768 MiB and the
-    // request would run out of memory with 7.8 GiB requested of 8.
+    // not held by `c`, and a 1,000 MiB request, more than the limit leaves, moves it. Were the
+    // page in `b`'s handle, `c` would hold all 768 MiB and the request would run out of memory
+    // with 7.8 GiB requested of 8.
     let (_sim, arena, b) = a_large_block_with_a_neighbour_on_its_last_page();
     arena.free(b, Some(768 << 20), 0).unwrap();
     let pages = arena.extras().pages;
@@ -243,9 +244,8 @@ fn a_large_blocks_handle_is_not_held_by_a_neighbour_on_its_boundary_page() {
 #[test]
 fn a_block_is_not_placed_on_part_of_an_idle_large_handle_while_the_limit_leaves_room() {
     // With `b` freed, its range is the best fit for a 64 MiB block (and an 8 MiB one), and its
-    // pages are mapped:
-    // but there the block would hold the rest of `b`'s 760 MiB handle, unusable elsewhere and too
-    // short for a block of `b`'s size. While the limit leaves room, it goes to new pages instead,
+    // pages are mapped, but there the block would hold the rest of `b`'s 760 MiB handle, unusable
+    // elsewhere and too short for a block of `b`'s size. While the limit leaves room, it goes to new pages instead,
     // and the 768 MiB block that comes back takes `b`'s place with no driver call.
     let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 30, PAGE, false)).unwrap());
     let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
@@ -270,7 +270,7 @@ fn a_block_is_not_placed_on_part_of_an_idle_large_handle_while_the_limit_leaves_
 #[test]
 fn pages_a_live_block_holds_unused_are_counted_and_named_when_memory_runs_out() {
     // A 100 MiB block's handle (under 1/32 of the limit: its last page is not apart) stays
-    // mapped while the 64 MiB block after it lives on its last page: 49 pages held unused, which
+    // mapped while the 64 MiB block after it lives on its last page: 50 pages held unused, which
     // the page counts and the out-of-memory message name, and which add up with the rest to
     // what is reserved.
     let sim = Arc::new(SimDevice::new(SimConfig::new(8 << 30, PAGE, false)).unwrap());
@@ -351,7 +351,9 @@ fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> Arena {
     let tail = arena.malloc(big, 0).unwrap();
     arena.free(a, None, 0).unwrap();
     let m = arena.malloc(2 << 20, 0).unwrap();
-    if big >= (80 << 30) / 32 {
+    // A large handle: at least 1/32 of the 80 GiB limit.
+    let large_handle = big >= (80 << 30) / 32;
+    if large_handle {
         assert!(
             !(a..a + big).contains(&m),
             "the 2 MiB block keeps off a's handle"
@@ -365,7 +367,7 @@ fn a_2_mib_block_takes_the_end_of_a_freed_range(big: u64) -> Arena {
     let c = arena.malloc(big, 0).unwrap();
     arena.free(m, None, 0).unwrap();
     let d = arena.malloc(big, 0).unwrap();
-    if big >= (80 << 30) / 32 {
+    if large_handle {
         // The two freed ranges merged (nothing between them): each takes one, whichever.
         assert_eq!(
             (c.min(d), c.max(d)),

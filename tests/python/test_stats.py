@@ -276,7 +276,7 @@ def parts(p):
 p = torch_arena.pages()
 assert list(p) == keys, p
 assert p["page_size"] == 2 * MiB and parts(p) == torch_arena.memory_reserved() == 0, p
-# A 100.5 KiB-past-100 MiB block, then a 64 MiB one right after it, on its last page: with the
+# A block 512 bytes past 100 MiB, then a 64 MiB one right after it, on its last page: with the
 # first freed, its handle stays mapped but held by the second (under 1/32 of the simulated GPU,
 # its last page is not a handle of its own).
 a = torch_arena.caching_allocator_alloc(100 * MiB + 512)
