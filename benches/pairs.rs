@@ -108,7 +108,7 @@ impl Mix {
         let text = std::fs::read_to_string(path).map_err(|e| {
             format!(
                 "cannot read the size mix {}: {e}.\nRun `bench/run` (it writes target/size-mix.tsv \
-                 from ../shared/traces with scripts/size-mix), or point TORCH_ARENA_SIZE_MIX at a \
+                 from traces/snapshots with scripts/size-mix), or point TORCH_ARENA_SIZE_MIX at a \
                  `size<TAB>count` file.",
                 path.display()
             )

@@ -24,7 +24,7 @@ fn scratch(tag: &str) -> PathBuf {
 }
 
 fn traces_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/traces")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces/snapshots")
 }
 
 fn fixtures() -> PathBuf {
@@ -534,15 +534,14 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     ] {
         s.push((f.to_string(), std::fs::read(fixtures().join(f)).unwrap()));
     }
-    // Small real snapshots from ../shared/traces: the smallest plain pickle and gzip.
+    // Small real snapshots from traces/snapshots: the smallest plain pickle and gzip.
     let dir = traces_dir();
     for f in [
         "Charran78__DocuBox__94d578b__dump_snapshot.pickle",
         "bcrafton__assignment2-systems__0c0e8a7__memory_snapshot.pickle.gz",
     ] {
-        if let Ok(b) = std::fs::read(dir.join(f)) {
-            s.push((f.to_string(), b));
-        }
+        let b = std::fs::read(dir.join(f)).unwrap_or_else(|e| panic!("{f} in {dir:?}: {e}"));
+        s.push((f.to_string(), b));
     }
     // Our format, written by the writer (plain and gzip), and an RMM log of the same workload.
     let t = synth::rmm_random(150, 1 << 22, 11);

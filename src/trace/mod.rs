@@ -44,7 +44,7 @@ pub struct Event {
     pub site: u32,
 }
 
-/// Where a trace came from, and how complete its start is (see `../shared/traces/INDEX.md`).
+/// Where a trace came from, and how complete its start is (see `traces/snapshots/INDEX.md`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Recorded from an empty allocator: nothing was live before the first event.

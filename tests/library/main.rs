@@ -8,8 +8,8 @@
 mod model;
 #[path = "../common/python_pickle.rs"]
 mod python_pickle;
-#[path = "../common/shared_traces.rs"]
-mod shared_traces;
+#[path = "../common/snapshots.rs"]
+mod snapshots;
 
 mod arena_model;
 mod config;
@@ -20,6 +20,6 @@ mod subpage_slabs;
 mod trace_format;
 mod trace_import;
 mod trace_replay;
-mod trace_shared;
 mod trace_sites;
+mod trace_snapshots;
 mod track;

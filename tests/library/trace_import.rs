@@ -1,15 +1,15 @@
-//! Trace importers: every shared PyTorch snapshot against `shared/traces/index.csv`, the
+//! Trace importers: every real PyTorch snapshot against `traces/snapshots/index.csv`, the
 //! restricted unpickler against hostile and broken input, RMM CSV logs, format detection.
 //!
-//! The shared traces are found at `$TORCH_ARENA_TRACES`, else `<CARGO_MANIFEST_DIR>/../shared/traces`.
+//! The real traces are found at `$TORCH_ARENA_TRACES`, else the repository's `traces/snapshots`.
 
 use crate::python_pickle;
 use python_pickle::python_pickle;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::shared_traces;
-use shared_traces::traces_dir;
+use crate::snapshots;
+use snapshots::traces_dir;
 
 use torch_arena::trace::pickle;
 use torch_arena::trace::{self, Kind, Op, Source, Trace, rmm, torch_snapshot};
@@ -89,7 +89,7 @@ const KNOWN_INDEX_DIFFERENCES: &[(&str, &str, &str)] = &[
 ];
 
 #[test]
-fn every_shared_trace_loads_and_matches_the_index() {
+fn every_real_trace_loads_and_matches_the_index() {
     let dir = traces_dir();
     let csv = std::fs::read_to_string(dir.join("index.csv")).expect("read index.csv");
     let rows = parse_csv(&csv);
@@ -190,7 +190,7 @@ fn every_shared_trace_loads_and_matches_the_index() {
     }
     let el = start.elapsed();
     println!(
-        "loaded {} shared traces ({:.1} MB on disk, {events} events) in {:.2} s",
+        "loaded {} real traces ({:.1} MB on disk, {events} events) in {:.2} s",
         indexed.len(),
         bytes as f64 / 1e6,
         el.as_secs_f64()
@@ -465,7 +465,7 @@ fn smallest(dir: &Path, gz: bool) -> PathBuf {
     // Not the very smallest (a state-only dump of a few KB): one with events.
     v.into_iter()
         .find(|(n, _)| *n > 50_000)
-        .expect("a shared trace over 50 kB")
+        .expect("a real trace over 50 kB")
         .1
 }
 

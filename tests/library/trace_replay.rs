@@ -1,6 +1,6 @@
 //! Replay through the arena, the native allocator's emulation, and the synthetic traces.
 
-use crate::shared_traces;
+use crate::snapshots;
 use torch_arena::config::Config;
 use torch_arena::trace::native::{self, NativeOptions, allocation_size, round_size};
 use torch_arena::trace::replay::{ReplayOptions, replay};
@@ -507,13 +507,13 @@ fn replay_speed() {
     );
 }
 
-// ---- real traces (../shared/traces) ----------------------------------------------------------
+// ---- real traces (traces/snapshots) ------------------------------------------------------------
 
-/// The 9 "fresh" PyTorch snapshots of `shared/traces`: the emulated native peak reserved should
+/// The 9 "fresh" PyTorch snapshots of `traces/snapshots`: the emulated native peak reserved should
 /// be close to the one each trace recorded.
 #[test]
 fn native_emulation_matches_fresh_snapshots() {
-    let dir = shared_traces::traces_dir();
+    let dir = snapshots::traces_dir();
     let index = std::fs::read_to_string(dir.join("index.csv")).expect("index.csv");
     let mut checked = 0;
     for line in index.lines().skip(1) {
@@ -545,9 +545,9 @@ fn native_emulation_matches_fresh_snapshots() {
 /// within 1 % of what they recorded (under the default rules it was up to 10 % off).
 #[test]
 fn native_settings_come_from_the_snapshot() {
-    let dir = shared_traces::traces_dir();
+    let dir = snapshots::traces_dir();
     let mut checked = 0;
-    for f in shared_traces::indexed_files(&dir) {
+    for f in snapshots::indexed_files(&dir) {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         if !name.starts_with("bolongcheng__") {
             continue;
@@ -783,12 +783,12 @@ fn gpu_lag_delays_cross_stream_reuse() {
 }
 
 /// `--gpu-lag 0` (the default timing) replays exactly as a plain loop of malloc and free over
-/// the arena does, on every shared trace.
+/// the arena does, on every real trace.
 #[test]
-fn zero_lag_is_the_plain_replay_on_every_shared_trace() {
-    let dir = shared_traces::traces_dir();
+fn zero_lag_is_the_plain_replay_on_every_real_trace() {
+    let dir = snapshots::traces_dir();
     let mut checked = 0;
-    for f in shared_traces::indexed_files(&dir) {
+    for f in snapshots::indexed_files(&dir) {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
         let t = torch_arena::trace::load(&f).expect(&name);
         let capacity = 80 * GIB;

@@ -4,15 +4,15 @@
 //! a stack with no Python frame names its first ATen frame.
 //! Also the live set at a trace's peak, by site (`trace::live`).
 
-use crate::shared_traces;
+use crate::snapshots;
 
 use torch_arena::trace::live::{At, live_at};
 
 #[test]
 fn snapshot_sites_are_python_frames_not_the_unwinder() {
-    let dir = shared_traces::traces_dir();
+    let dir = snapshots::traces_dir();
     let mut checked = 0;
-    for path in shared_traces::indexed_files(&dir) {
+    for path in snapshots::indexed_files(&dir) {
         let name = path.display().to_string();
         if !name.contains(".pickle") || std::fs::metadata(&path).map_or(true, |m| m.len() > 8 << 20)
         {
@@ -42,6 +42,6 @@ fn snapshot_sites_are_python_frames_not_the_unwinder() {
     }
     assert!(
         checked > 0,
-        "no shared snapshot with Python frames under 8 MiB in {dir:?}"
+        "no real snapshot with Python frames under 8 MiB in {dir:?}"
     );
 }

@@ -1,22 +1,23 @@
-//! Where the shared PyTorch snapshots live (`../shared/traces`, see its INDEX.md), for the tests
-//! that read them.
+//! Where the real PyTorch snapshots live (`traces/snapshots/` in this repository, see its INDEX.md
+//! and NOTICE), for the tests that read them.
 
 use std::path::{Path, PathBuf};
 
-/// `$TORCH_ARENA_TRACES`, else `<CARGO_MANIFEST_DIR>/../shared/traces`. Fails, naming where it
-/// looked, when neither holds `index.csv`: these tests must not pass by finding nothing.
+/// `$TORCH_ARENA_TRACES` when set (another corpus of the same layout), else the repository's
+/// `traces/snapshots`. Fails, naming where it looked, when the folder lacks `index.csv`: these tests
+/// must not pass by finding nothing.
 pub fn traces_dir() -> PathBuf {
     let (dir, how) = match std::env::var_os("TORCH_ARENA_TRACES") {
         Some(d) => (PathBuf::from(d), "$TORCH_ARENA_TRACES"),
         None => (
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces"),
-            "<CARGO_MANIFEST_DIR>/../shared/traces",
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/snapshots"),
+            "the repository's traces/snapshots",
         ),
     };
     assert!(
         dir.join("index.csv").is_file(),
-        "shared traces not found: looked for {} ({how}); set TORCH_ARENA_TRACES to the folder \
-         holding the snapshot pickles and index.csv",
+        "real-trace corpus not found: looked for {} ({how}); it ships with the repository, or set \
+         TORCH_ARENA_TRACES to a folder holding snapshot pickles and their index.csv",
         dir.join("index.csv").display()
     );
     dir

@@ -1,9 +1,9 @@
-//! Every PyTorch snapshot in `../shared/traces` replays through the arena on a simulated 80 GiB
-//! GPU with exact stats after every event, a full consistency walk every few hundred events, and,
+//! Every PyTorch snapshot in the repository's `traces/snapshots` replays through the arena on a
+//! simulated 80 GiB GPU with exact stats after every event, a full consistency walk every few hundred events, and,
 //! on traces whose peak fits in 2 GiB, host-backed pages whose contents are checked (so two live
 //! allocations that overlapped would corrupt each other's bytes and fail the replay).
 
-use crate::shared_traces;
+use crate::snapshots;
 
 use std::time::Instant;
 
@@ -63,9 +63,9 @@ fn replay_one(path: &std::path::Path) -> Result<String, String> {
 }
 
 #[test]
-fn every_shared_trace_replays_with_exact_stats_and_no_overlap() {
-    let dir = shared_traces::traces_dir();
-    let files = shared_traces::indexed_files(&dir);
+fn every_real_trace_replays_with_exact_stats_and_no_overlap() {
+    let dir = snapshots::traces_dir();
+    let files = snapshots::indexed_files(&dir);
     assert!(files.len() >= 100, "index.csv lists {} files", files.len());
     let start = Instant::now();
     // Two workers: CI has two cores, and every trace replays on its own arena.
@@ -97,7 +97,7 @@ fn every_shared_trace_replays_with_exact_stats_and_no_overlap() {
         println!("{l}");
     }
     println!(
-        "replayed {} shared traces in {:.1} s",
+        "replayed {} real traces in {:.1} s",
         lines.len(),
         start.elapsed().as_secs_f64()
     );
