@@ -198,3 +198,23 @@ fn graph_capture_pools_on_the_fake_driver_make_no_forbidden_call() {
     assert_ok("graph_cuda", &r);
     assert!(r.stdout.contains("no forbidden call"), "{}", r.stdout);
 }
+
+#[test]
+fn pools_general_allocations_and_admin_calls_run_at_once_on_their_own_streams() {
+    let r = run(
+        "mixed",
+        "device:sim,sim_capacity_mb:32768,sim_backing:True",
+        Duration::from_secs(300),
+    );
+    assert_ok("mixed", &r);
+}
+
+#[test]
+fn pools_general_allocations_and_admin_calls_run_at_once_with_workers_on_one_stream() {
+    let r = run(
+        "mixed_one_stream",
+        "device:sim,sim_capacity_mb:32768,sim_backing:True",
+        Duration::from_secs(300),
+    );
+    assert_ok("mixed_one_stream", &r);
+}

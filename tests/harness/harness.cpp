@@ -4,7 +4,7 @@
 // visible across the dlopen boundary, and PyTorch does not know it anyway).
 //
 // usage: torch_arena_harness <path/to/libtorch_arena.so>
-//            <threads|oom|hooks|badfree|hostile|graph|graph_cuda>
+//            <threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream>
 // The library reads its configuration from TORCH_ARENA_CONF (the test sets a simulated device;
 // graph_cuda sets device:cuda and FAKE_LIBCUDA, the fake driver the harness loads first).
 // Prints "harness <scenario>: ok" and exits 0 on success; prints the failed check and exits 1.
@@ -1118,16 +1118,242 @@ int scenario_graph_cuda(const Lib& lib, void* h) {
               count("cuMemCreate") - creates_before, count("cuThreadExchangeStreamCaptureMode"));
   return 0;
 }
+// ---------------------------------------------------------------------------------------------
+// Scenarios "mixed" and "mixed_one_stream": everything PyTorch may do at once, from many threads.
+// General workers allocate and free (on a stream each, or all on one stream as the main thread and
+// the autograd engine share one); graph threads record private pools on their own capture streams
+// (begin, allocations routed by the filter, frees during and after the recording, end, release),
+// a fresh pool per round as PyTorch's graphs have; an admin thread empties the cache, defragments,
+// reads statistics and summaries, resets peaks and queries pools, all the while.
+//
+// Oracle: no two live allocations overlap; every live allocation keeps its pattern (sim backing);
+// memory a pool freed is taken by no other pool and no general request before that pool's
+// release; at the end, with every pool released and the cache emptied, nothing is allocated or
+// reserved and no free was reported bad.
+
+struct Shadow {
+  std::mutex mu;
+  std::map<uintptr_t, std::pair<size_t, unsigned long long>> freed;  // start -> (size, pool)
+
+  void add(void* p, size_t size, unsigned long long pool) {
+    std::lock_guard<std::mutex> g(mu);
+    freed[reinterpret_cast<uintptr_t>(p)] = {size, pool};
+  }
+
+  // Before the pool's release: its memory may serve anyone afterwards.
+  void forget(unsigned long long pool) {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto it = freed.begin(); it != freed.end();) {
+      it = it->second.second == pool ? freed.erase(it) : std::next(it);
+    }
+  }
+
+  // "" or why an allocation of `pool` (0: general) at [p, p+size) takes another pool's memory.
+  // An entry that a later allocation of its own pool took is dropped.
+  std::string take(void* p, size_t size, unsigned long long pool) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> g(mu);
+    auto it = freed.lower_bound(a);
+    if (it != freed.begin()) --it;
+    while (it != freed.end() && it->first < a + size) {
+      if (it->first + it->second.first <= a) {
+        ++it;
+        continue;
+      }
+      if (it->second.second != pool) {
+        return "allocation " + hex(p) + "+" + std::to_string(size) + " (pool " + std::to_string(pool) +
+               ") takes memory pool " + std::to_string(it->second.second) + " freed at " +
+               hex(reinterpret_cast<void*>(it->first)) + " before its release";
+      }
+      it = freed.erase(it);
+    }
+    return "";
+  }
+};
+
+int scenario_mixed(const Lib& lib, void* h, bool one_stream) {
+  const PoolHooks hooks(h);
+  lib.init(1);
+  const bool backing = sim_backing();
+  constexpr int kWorkers = 4, kGraphs = 2, kOps = 3000, kRounds = 150;
+  constexpr size_t kMaxLive = 16;
+  LiveSet set;
+  Shadow shadow;
+  std::atomic<bool> failed{false};
+  std::atomic<int> running{kWorkers + kGraphs};
+  std::atomic<uint64_t> next_tag{1};
+  std::atomic<int64_t> admin_calls{0}, pool_blocks{0};
+  std::mutex why_mu;
+  std::string why;
+  auto report = [&](const std::string& w) {
+    std::lock_guard<std::mutex> g(why_mu);
+    if (!failed.exchange(true)) why = w;
+  };
+  // Records a new allocation in the oracle; false (and reported) when it breaks it.
+  auto admit = [&](void* p, size_t size, unsigned long long pool, uint64_t tag) {
+    std::string w = set.insert(p, size);
+    if (w.empty()) w = shadow.take(p, size, pool);
+    if (!w.empty()) {
+      report(w);
+      return false;
+    }
+    if (backing) write_pattern(p, size, tag);
+    return true;
+  };
+  auto retire = [&](const Block& b) {
+    std::string w;
+    if (backing && !check_pattern(b.ptr, b.size, b.tag, &w)) report(w);
+    set.erase(b.ptr);  // before free: once freed, another thread may get this address
+  };
+
+  auto worker = [&](int tid) {
+    std::mt19937_64 rng(static_cast<uint64_t>(tid) * 104729 + 5);
+    const cudaStream_t own = one_stream ? stream_of(0x7000) : stream_of(0x7000 + 16 * static_cast<uintptr_t>(tid));
+    std::vector<Block> live;
+    auto release = [&](size_t i) {
+      Block b = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      retire(b);
+      lib.free(b.ptr, b.size, 0, b.stream);
+    };
+    for (int op = 0; op < kOps && !failed.load(); ++op) {
+      if (!live.empty() && (live.size() >= kMaxLive || rng() % 2 == 0)) {
+        release(static_cast<size_t>(rng() % live.size()));
+        continue;
+      }
+      const size_t size = 1 + random_size(rng);
+      void* p = nullptr;
+      try {
+        p = lib.alloc(size, 0, own);
+      } catch (const std::exception& e) {
+        report("worker " + std::to_string(tid) + ": alloc(" + std::to_string(size) + ") threw: " + e.what());
+        break;
+      }
+      const unsigned long long owner = hooks.owner(p);
+      if (owner != 0) report("general allocation " + hex(p) + " landed in pool " + std::to_string(owner));
+      const uint64_t tag = next_tag.fetch_add(1);
+      if (!admit(p, size, 0, tag)) break;
+      live.push_back(Block{p, size, own, tag});
+    }
+    while (!live.empty()) release(live.size() - 1);
+    running.fetch_sub(1);
+  };
+
+  auto graph = [&](int gid) {
+    std::mt19937_64 rng(static_cast<uint64_t>(gid) * 7727 + 3);
+    const cudaStream_t cs = stream_of(0x9000 + 16 * static_cast<uintptr_t>(gid));
+    for (int round = 0; round < kRounds && !failed.load(); ++round) {
+      const MempoolId id{1000 + static_cast<unsigned long long>(gid) * 100000 + round, 0};
+      try {
+        hooks.begin(0, id, [cs](cudaStream_t s) { return s == cs; });
+      } catch (const std::exception& e) {
+        report("begin_allocate_to_pool " + std::to_string(id.first) + " threw: " + e.what());
+        break;
+      }
+      std::vector<Block> live;
+      const int n = 2 + static_cast<int>(rng() % 8);
+      for (int i = 0; i < n && !failed.load(); ++i) {
+        const size_t size = 1 + random_size(rng) / 4;
+        void* p = nullptr;
+        try {
+          p = lib.alloc(size, 0, cs);
+        } catch (const std::exception& e) {
+          report("graph " + std::to_string(gid) + ": alloc(" + std::to_string(size) + ") threw: " + e.what());
+          break;
+        }
+        const unsigned long long owner = hooks.owner(p);
+        if (owner != id.first) {
+          report("a recording's allocation " + hex(p) + " is in pool " + std::to_string(owner) + ", expected " +
+                 std::to_string(id.first));
+        }
+        const uint64_t tag = next_tag.fetch_add(1);
+        if (!admit(p, size, id.first, tag)) break;
+        pool_blocks.fetch_add(1);
+        live.push_back(Block{p, size, cs, tag});
+        if (rng() % 3 == 0) {  // freed during the recording: the pool's memory still
+          const Block b = live.front();
+          live.erase(live.begin());
+          retire(b);
+          shadow.add(b.ptr, b.size, id.first);
+          lib.free(b.ptr, b.size, 0, cs);
+        }
+      }
+      hooks.end(0, id);
+      for (const Block& b : live) {  // graph outputs die after the recording
+        retire(b);
+        shadow.add(b.ptr, b.size, id.first);
+        lib.free(b.ptr, b.size, 0, cs);
+      }
+      shadow.forget(id.first);
+      hooks.release(0, id);  // the graph is reset
+    }
+    running.fetch_sub(1);
+  };
+
+  auto admin = [&]() {
+    const int64_t count = lib.stats_count();
+    std::vector<int64_t> values(static_cast<size_t>(count > 0 ? count : 1));
+    ReclaimReport r{};
+    PoolInfo info{};
+    for (uint64_t i = 0; running.load() > 0 && !failed.load(); ++i) {
+      switch (i % 6) {
+        case 0: lib.reset(); break;
+        case 1:
+          if (lib.defragment(0, &r) != 0) report("torch_arena_defragment failed: " + lib.error());
+          break;
+        case 2:
+          if (lib.stats(0, values.data(), values.size()) != 0) report("torch_arena_stats failed: " + lib.error());
+          break;
+        case 3: lib.summary(0, 0, nullptr, 0); break;
+        case 4:
+          if (lib.reset_peak(0) != 0) report("torch_arena_reset_peak_stats failed: " + lib.error());
+          break;
+        default: hooks.info(0, 1000 + i % 300, 0, &info); break;
+      }
+      admin_calls.fetch_add(1);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kWorkers; ++t) threads.emplace_back(worker, t);
+  for (int g = 0; g < kGraphs; ++g) threads.emplace_back(graph, g);
+  std::thread a(admin);
+  for (auto& t : threads) t.join();
+  a.join();
+  if (failed.load()) fail(why);
+  CHECK(set.live.empty(), "allocations still live after every thread freed its own");
+  CHECK(admin_calls.load() > 0 && pool_blocks.load() > 0, "the admin thread or the pools never ran");
+
+  lib.reset();
+  CHECK(lib.stat("allocated_bytes.all.current") == 0,
+        "allocated_bytes.all.current = " + std::to_string(lib.stat("allocated_bytes.all.current")));
+  CHECK(lib.stat("active_bytes.all.current") == 0,
+        "active_bytes.all.current = " + std::to_string(lib.stat("active_bytes.all.current")));
+  CHECK(lib.stat("reserved_bytes.all.current") == 0,
+        "reserved after every pool's release and empty_cache: " +
+            std::to_string(lib.stat("reserved_bytes.all.current")));
+  CHECK(lib.bad_free_count() == 0, "bad frees reported: " + lib.error());
+  std::printf("%s: %d workers x %d ops, %d graphs x %d pools (%" PRId64 " pool blocks), %" PRId64
+              " admin calls, backing=%d\n",
+              one_stream ? "mixed_one_stream" : "mixed", kWorkers, kOps, kGraphs, kRounds, pool_blocks.load(),
+              admin_calls.load(), backing ? 1 : 0);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s <libtorch_arena.so> <threads|oom|hooks|badfree|hostile|graph|graph_cuda>\n",
+    std::fprintf(stderr,
+                 "usage: %s <libtorch_arena.so> "
+                 "<threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream>\n",
                  argv[0]);
     return 2;
   }
   g_scenario = argv[2];
-  if (g_scenario == "graph_cuda") {
+  const char* conf = std::getenv("TORCH_ARENA_CONF");
+  if (g_scenario == "graph_cuda" || (conf != nullptr && std::strstr(conf, "device:cuda") != nullptr)) {
     // The fake driver first, RTLD_GLOBAL: the library's dlopen("libcuda.so.1") then finds it by
     // its SONAME, as in tests/fixtures/fakecuda.rs.
     const char* fake = std::getenv("FAKE_LIBCUDA");
@@ -1153,6 +1379,10 @@ int main(int argc, char** argv) {
     rc = scenario_graph_sim(lib, h);
   } else if (g_scenario == "graph_cuda") {
     rc = scenario_graph_cuda(lib, h);
+  } else if (g_scenario == "mixed") {
+    rc = scenario_mixed(lib, h, false);
+  } else if (g_scenario == "mixed_one_stream") {
+    rc = scenario_mixed(lib, h, true);
   } else {
     fail("unknown scenario");
   }
