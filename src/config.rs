@@ -547,13 +547,15 @@ fn tokenize(text: &str) -> Vec<Token> {
 }
 
 /// A parsed value: a word, or a list as written (`[a:b,c:d]`, whitespace dropped).
-enum Value {
+/// A value as written: one word, or a bracketed list kept as its text (`[a:b,c:d]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
     Scalar(String),
     List(String),
 }
 
 impl Value {
-    fn text(&self) -> &str {
+    pub fn text(&self) -> &str {
         match self {
             Value::Scalar(s) | Value::List(s) => s,
         }
@@ -730,6 +732,18 @@ fn suggest(key: &str) -> Option<&'static str> {
         .filter(|&(d, name)| d <= 3 && d * 3 <= name.len().max(lower.len()))
         .min_by_key(|&(d, _)| d)
         .map(|(_, name)| name)
+}
+
+/// The `key:value` entries of settings text in `PYTORCH_CUDA_ALLOC_CONF`'s grammar (the module
+/// docs), in order, unchecked against any key table: for other settings written in the same
+/// grammar (the native emulation's `--native-conf`). Errors start with `source: `.
+pub fn entries(source: &str, text: &str) -> Result<Vec<(String, Value)>> {
+    Parser {
+        source,
+        tokens: tokenize(text),
+        pos: 0,
+    }
+    .entries()
 }
 
 impl Config {

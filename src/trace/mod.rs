@@ -11,6 +11,7 @@ pub mod format;
 mod frames;
 pub mod live;
 pub mod native;
+mod native_conf;
 pub mod pickle;
 pub mod plot;
 pub mod replay;

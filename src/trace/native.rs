@@ -23,8 +23,15 @@
 //! queued work needs to finish. Events for cross-stream frees are not modelled (no
 //! `record_stream`), so the emulation counts no event calls.
 //!
-//! Not modelled: `record_stream` deferral (frees are immediate), garbage collection, memory
-//! fraction, `roundup_power2_divisions`, CUDA graphs and private pools.
+//! Settings ([`NativeOptions`], parsed from `PYTORCH_CUDA_ALLOC_CONF` text in `native_conf.rs`):
+//! `roundup_power2_divisions` in `round_size`; `max_non_split_rounding_mb`; a memory fraction
+//! (`per_process_memory_fraction`), which caps what `alloc_block` may reserve at the fraction of
+//! the device; and with it `garbage_collection_threshold`: `garbage_collect_cached_blocks` runs
+//! before each miss goes to the driver and frees old unsplit large-pool segments (their age
+//! counted in searches of the pool since they joined it) until reserved is back under the
+//! threshold.
+//!
+//! Not modelled: `record_stream` deferral (frees are immediate), CUDA graphs and private pools.
 //!
 //! Cost: O(log n) per event (ordered sets of free blocks) except on the OOM path (which walks the
 //! cached blocks once) and, with expandable segments, a miss that searches the unmapped runs of one
@@ -38,30 +45,7 @@ use crate::arena::GrowthCounts;
 use crate::device::DriverCounters;
 use crate::error::{Error, Result};
 
-/// The native allocator's settings that matter for a replay.
-#[derive(Clone, Debug)]
-pub struct NativeOptions {
-    pub capacity: u64,
-    /// `max_split_size_mb` in bytes (`None` = unlimited).
-    pub max_split_size: Option<u64>,
-    pub expandable_segments: bool,
-    /// `large_segment_size_mb` in bytes (default 20 MiB).
-    pub large_segment_size: u64,
-    pub series_points: usize,
-}
-
-impl NativeOptions {
-    /// PyTorch's defaults on a device of `capacity` bytes.
-    pub fn new(capacity: u64) -> Self {
-        NativeOptions {
-            capacity,
-            max_split_size: None,
-            expandable_segments: false,
-            large_segment_size: LARGE_SEGMENT,
-            series_points: 0,
-        }
-    }
-}
+pub use super::native_conf::NativeOptions;
 
 /// `kMinBlockSize`: every block is a multiple of this.
 pub const MIN_BLOCK: u64 = 512;
@@ -75,10 +59,9 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 pub const ROUND_LARGE: u64 = 2 << 20;
 /// Default `large_segment_size` (formerly `kLargeBuffer`).
 pub const LARGE_SEGMENT: u64 = 20 << 20;
-/// Default `max_non_split_rounding_size`.
-pub const MAX_NON_SPLIT_ROUNDING: u64 = 20 << 20;
 
-/// `round_size`: at least 512 bytes, a multiple of 512.
+/// `round_size` under PyTorch's default settings: at least 512 bytes, a multiple of 512
+/// ([`NativeOptions::round_size`] applies `roundup_power2_divisions`).
 pub fn round_size(size: u64) -> u64 {
     if size < MIN_BLOCK {
         MIN_BLOCK
@@ -143,6 +126,9 @@ struct Block {
     prev: u32,
     next: u32,
     seg: u32,
+    /// Its pool's `get_free_block` count when it last joined the pool (`gc_count_base`): its
+    /// age for garbage collection is how many searches it has sat through since.
+    gc_base: u64,
 }
 
 #[derive(Debug)]
@@ -166,6 +152,8 @@ struct Native<'a> {
     segs: Vec<Segment>,
     /// [large, small].
     pools: [FreeSet; 2],
+    /// `get_free_blocks_call_count` of each pool, counted only while garbage collection is on.
+    free_searches: [u64; 2],
     expandable: HashMap<(u64, bool), u32>,
     next_va: u64,
     reserved: u64,
@@ -200,6 +188,7 @@ impl<'a> Native<'a> {
             spare: Vec::new(),
             segs: Vec::new(),
             pools: [FreeSet::new(), FreeSet::new()],
+            free_searches: [0; 2],
             expandable: HashMap::new(),
             next_va: 1 << 40,
             reserved: 0,
@@ -246,6 +235,7 @@ impl<'a> Native<'a> {
 
     fn pool_insert(&mut self, i: u32) {
         let (k, p) = (self.key(i), self.pool_of(i));
+        self.blocks[i as usize].gc_base = self.free_searches[p];
         self.pools[p].insert(k);
     }
 
@@ -271,13 +261,16 @@ impl<'a> Native<'a> {
 
     /// `malloc`: the block for a request of `req` bytes on `stream`, or `None` on OOM.
     fn malloc(&mut self, req: u64, stream: u64) -> Option<u32> {
-        let size = round_size(req);
+        let size = self.opts.round_size(req);
         let small = size <= SMALL_SIZE;
         if let Some(b) = self.get_free_block(size, stream, small) {
             self.pool_remove(b);
             return Some(self.alloc_found(b, size));
         }
         let mut episode = false;
+        if self.opts.garbage_collection() {
+            self.garbage_collect(&mut episode);
+        }
         let b = self.alloc_block(size, stream, small).or_else(|| {
             if self.release_available_cached_blocks(size, stream, small, &mut episode) {
                 self.alloc_block(size, stream, small)
@@ -293,15 +286,19 @@ impl<'a> Native<'a> {
         Some(self.alloc_found(b, size))
     }
 
-    /// Best fit on the same stream, with the `max_split_size` rejections.
-    fn get_free_block(&self, size: u64, stream: u64, small: bool) -> Option<u32> {
+    /// Best fit on the same stream, with the `max_split_size` rejections. Counts the search for
+    /// garbage collection's ages while that is on.
+    fn get_free_block(&mut self, size: u64, stream: u64, small: bool) -> Option<u32> {
+        if self.opts.garbage_collection() {
+            self.free_searches[small as usize] += 1;
+        }
         let &(s, bsize, _, i) = self.pools[small as usize]
             .range((stream, size, 0, 0)..)
             .next()?;
         let max_split = self.max_split();
         if s != stream
             || (size < max_split && bsize >= max_split)
-            || (size >= max_split && bsize >= size.saturating_add(MAX_NON_SPLIT_ROUNDING))
+            || (size >= max_split && bsize >= size.saturating_add(self.opts.max_non_split_rounding))
         {
             return None;
         }
@@ -378,7 +375,7 @@ impl<'a> Native<'a> {
             return self.alloc_expandable(size, stream, small);
         }
         let len = allocation_size(size, self.opts.large_segment_size);
-        if self.reserved + len > self.opts.capacity {
+        if self.reserved + len > self.opts.limit() {
             return None;
         }
         self.add_reserved(len);
@@ -400,6 +397,7 @@ impl<'a> Native<'a> {
             prev: NONE,
             next: NONE,
             seg,
+            gc_base: 0,
         });
         self.next_va += len.div_ceil(ROUND_LARGE) * ROUND_LARGE;
         Some(b)
@@ -474,6 +472,46 @@ impl<'a> Native<'a> {
         }
     }
 
+    /// `garbage_collect_cached_blocks`, before a miss goes to the driver: once reserved passes
+    /// `threshold × allowed maximum`, free the unsplit cached segments of the large pool that
+    /// are at least as old as their average (age: searches of the pool since the block joined
+    /// it), in the pool's order, and again with the survivors' average, until the excess is
+    /// reclaimed or nothing more goes. Expandable segments' blocks count towards the average and
+    /// are never freed, as in PyTorch.
+    fn garbage_collect(&mut self, episode: &mut bool) {
+        let threshold = (self.opts.garbage_collection_threshold * self.opts.limit() as f64) as u64;
+        if self.reserved <= threshold {
+            return;
+        }
+        let target = self.reserved - threshold;
+        let age = |n: &Self, i: u32| n.free_searches[0] - n.blocks[i as usize].gc_base;
+        let unsplit = |n: &Self, i: u32| {
+            let b = &n.blocks[i as usize];
+            b.prev == NONE && b.next == NONE
+        };
+        let mut candidates: Vec<u32> = self.pools[0].iter().map(|k| k.3).collect();
+        candidates.retain(|&i| unsplit(self, i));
+        let mut total_age: u64 = candidates.iter().map(|&i| age(self, i)).sum();
+        let mut count = candidates.len() as u64;
+        let (mut reclaimed, mut freed) = (0u64, true);
+        while reclaimed < target && freed && count > 0 {
+            let average = total_age as f64 / count as f64;
+            freed = false;
+            for i in std::mem::take(&mut candidates) {
+                let expandable = self.segs[self.blocks[i as usize].seg as usize].expandable;
+                if !expandable && age(self, i) as f64 >= average {
+                    freed = true;
+                    reclaimed += self.blocks[i as usize].size;
+                    total_age -= age(self, i);
+                    count -= 1;
+                    self.release_segment(i, episode);
+                } else {
+                    candidates.push(i);
+                }
+            }
+        }
+    }
+
     /// Expandable: a request on (stream, pool) maps the lowest run of free or unmapped space
     /// that holds it.
     fn alloc_expandable(&mut self, size: u64, stream: u64, small: bool) -> Option<u32> {
@@ -510,7 +548,7 @@ impl<'a> Native<'a> {
             let b = self.blocks[cur as usize];
             if b.state == State::Unmapped {
                 let len = b.size.min((size - acc).div_ceil(chunk) * chunk);
-                if self.reserved + len > self.opts.capacity {
+                if self.reserved + len > self.opts.limit() {
                     return None;
                 }
                 // The mapped part merges into its free neighbours; merges keep the leftmost block.
@@ -546,6 +584,7 @@ impl<'a> Native<'a> {
                 prev: u,
                 next: b.next,
                 seg: b.seg,
+                gc_base: 0,
             });
             if b.next != NONE {
                 self.blocks[b.next as usize].prev = rest;
@@ -629,6 +668,7 @@ impl<'a> Native<'a> {
             prev: i,
             next: b.next,
             seg: b.seg,
+            gc_base: 0,
         });
         if b.next != NONE {
             self.blocks[b.next as usize].prev = r;
@@ -656,6 +696,7 @@ impl<'a> Native<'a> {
             prev: NONE,
             next: NONE,
             seg,
+            gc_base: 0,
         });
         let mut unmapped = BTreeSet::new();
         unmapped.insert((base, b));

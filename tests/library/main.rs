@@ -14,6 +14,7 @@ mod snapshots;
 mod arena_model;
 mod config;
 mod graph_pools;
+mod native_settings;
 mod sim_device;
 mod stats_summary;
 mod subpage_slabs;

@@ -10,13 +10,13 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 /// Hand-built trace steps: `A(id, size)` / `F(id)` on stream 0, or `As(id, size, stream)`.
-enum S {
+pub(crate) enum S {
     A(u64, u64),
     As(u64, u64, u64),
     F(u64),
 }
 
-fn trace(steps: &[S]) -> Trace {
+pub(crate) fn trace(steps: &[S]) -> Trace {
     let mut sizes = std::collections::HashMap::new();
     let mut streams = std::collections::HashMap::new();
     let events = steps
