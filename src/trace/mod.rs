@@ -5,8 +5,10 @@
 //! RMM `logging_resource_adaptor` CSV logs ([`rmm`]) and synthetic workloads ([`synth`]).
 //! [`load`] picks the importer from the file's content. [`replay`] runs a trace through the arena
 //! on a simulated device; [`native`] emulates PyTorch's native caching allocator on the same
-//! trace; [`plot`] draws both; [`live`] lists what is live at the peak or before an event, by site.
+//! trace; [`fit`] finds the smallest device each needs; [`plot`] draws both; [`live`] lists what
+//! is live at the peak or before an event, by site.
 
+pub mod fit;
 pub mod format;
 mod frames;
 pub mod live;

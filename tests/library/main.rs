@@ -13,6 +13,7 @@ mod snapshots;
 
 mod arena_model;
 mod config;
+mod fit;
 mod graph_pools;
 mod native_settings;
 mod sim_device;
