@@ -8,6 +8,9 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+#[path = "common/json.rs"]
+mod json;
+
 fn torch_arena(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_torch-arena"))
         .args(args)
@@ -55,6 +58,8 @@ fn help_lists_commands_options_and_exit_codes() {
         let out = stdout(&o);
         for s in [
             "replay TRACE...",
+            "fit TRACE...",
+            "--native-conf SETTINGS",
             "synth KIND",
             "demo",
             "--capacity SIZE",
@@ -83,7 +88,10 @@ fn unknown_command() {
     let o = torch_arena(&["replya"]);
     assert_usage_error(
         &o,
-        &["unknown command 'replya'", "replay, synth, convert, demo"],
+        &[
+            "unknown command 'replya'",
+            "replay, fit, synth, convert, demo",
+        ],
     );
 }
 
@@ -870,4 +878,168 @@ fn live_by_site_at_the_peak_or_at_the_oom() {
 
     let o = torch_arena(&["replay", "synth:rmm-random:10:1MiB", "--live=0"]);
     assert_usage_error(&o, &["--live", "at least 1"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fit
+
+/// `fit --json`: every field, one object per trace in the order given, and a minimum that
+/// `replay --capacity` confirms: the arena fits there and runs out of memory one page below (the
+/// precision on a trace this small is one page); native's emulation fits there too.
+#[test]
+fn fit_reports_minimums_that_replay_confirms() {
+    let traces = ["synth:rmm-random:400:6MiB:3", "synth:adversarial:512MiB"];
+    let mut args = vec!["fit", "--json", "--no-progress", "--repeat", "2"];
+    args.extend(traces);
+    let o = torch_arena(&args);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let lines: Vec<json::Json> = stdout(&o)
+        .lines()
+        .map(|l| json::parse(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for (line, trace) in lines.iter().zip(traces) {
+        assert_eq!(line.get("path").str(), trace);
+        assert_eq!(line.get("repeat").u64(), 2);
+        let peak = line.get("peak_requested_bytes").u64();
+        let fits = line.get("fit").arr();
+        let confs: Vec<(&str, &str)> = fits
+            .iter()
+            .map(|f| (f.get("allocator").str(), f.get("conf").str()))
+            .collect();
+        assert_eq!(
+            confs,
+            [
+                ("arena", ""),
+                ("native", ""),
+                ("native", "expandable_segments:True")
+            ]
+        );
+        for f in fits {
+            let min = f.get("min_capacity_bytes").u64();
+            assert!(min >= peak && min % (2 << 20) == 0, "{f:?}");
+            assert!(f.get("trials").u64() > 1);
+            let ratio = f.get("ratio_to_requested").f64();
+            assert!((ratio - min as f64 / peak as f64).abs() < 1e-9);
+            let step = f.get("last_step");
+            for k in [
+                "memory_driver_calls",
+                "driver_calls",
+                "modelled_driver_s",
+                "modelled_stall_s",
+            ] {
+                assert!(step.has(k), "{k}: {step:?}");
+            }
+        }
+        let best = line.get("best_native_bytes").u64();
+        let arena = &fits[0];
+        let saved = arena.get("saved_vs_best_native_bytes").f64() as i64;
+        assert_eq!(
+            saved,
+            best as i64 - arena.get("min_capacity_bytes").u64() as i64
+        );
+        let replay_at = |capacity: u64| {
+            let cap = format!("{capacity}B");
+            torch_arena(&[
+                "replay",
+                trace,
+                "--capacity",
+                &cap,
+                "--gpu-lag",
+                "0",
+                "--repeat",
+                "2",
+                "--native",
+                "--json",
+                "--no-progress",
+            ])
+        };
+        let min = arena.get("min_capacity_bytes").u64();
+        assert_eq!(replay_at(min).status.code(), Some(0), "{trace} at {min}");
+        assert_eq!(
+            replay_at(min - (2 << 20)).status.code(),
+            Some(2),
+            "{trace} below {min}"
+        );
+        let native_min = fits[1].get("min_capacity_bytes").u64();
+        let r = json::parse(stdout(&replay_at(native_min)).trim()).unwrap();
+        assert_eq!(
+            r.get("native_emulated_oom_event"),
+            &json::Json::Null,
+            "{trace}"
+        );
+    }
+    // The adversarial trace is built so that native's default runs out where the arena fits.
+    let adversarial = lines[1].get("fit").arr();
+    assert!(
+        adversarial[0].get("min_capacity_bytes").u64()
+            < adversarial[1].get("min_capacity_bytes").u64()
+    );
+}
+
+#[test]
+fn fit_table_names_every_allocator_and_setting() {
+    let o = torch_arena(&[
+        "fit",
+        "synth:rmm-random:200:4MiB",
+        "--no-progress",
+        "--native-conf",
+        "max_split_size_mb:20",
+        "--native-conf",
+        "roundup_power2_divisions:[1:4,>:2]",
+        "--conf",
+        "handle_mb:2",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "min capacity",
+        "x requested",
+        "vs best native",
+        "memory calls",
+        "handle_mb:2",
+        "max_split_size_mb:20",
+        "roundup_power2_divisions:[1:4,>:2]",
+    ] {
+        assert!(out.contains(s), "{s}: {out}");
+    }
+    assert!(
+        !out.contains("expandable_segments"),
+        "only the settings given: {out}"
+    );
+}
+
+#[test]
+fn fit_usage_errors_name_what_was_wrong() {
+    assert_usage_error(&torch_arena(&["fit"]), &["fit: no trace given"]);
+    assert_usage_error(
+        &torch_arena(&[
+            "fit",
+            "synth:rmm-random:10:1MiB",
+            "--native-conf",
+            "max_split_mb:64",
+        ]),
+        &[
+            "--native-conf 'max_split_mb:64'",
+            "unknown setting 'max_split_mb'",
+            "max_split_size_mb",
+        ],
+    );
+    assert_usage_error(
+        &torch_arena(&[
+            "fit",
+            "synth:rmm-random:10:1MiB",
+            "--native-conf",
+            "max_split_size_mb:8",
+        ]),
+        &["bad value '8' for 'max_split_size_mb'", "at least 20"],
+    );
+    assert_usage_error(
+        &torch_arena(&["fit", "synth:rmm-random:10:1MiB", "-j", "0"]),
+        &["-j: '0' must be from 1 to 1024"],
+    );
+    assert_usage_error(
+        &torch_arena(&["fit", "synth:rmm-random:10:1MiB", "--native"]),
+        &["unknown option '--native'", "did you mean '--native-conf'?"],
+    );
 }

@@ -99,6 +99,9 @@ pub struct NativeReserved {
     pub expandable_segments: bool,
     /// `max_split_size` in bytes, `None` = unlimited (PyTorch's default).
     pub max_split_size: Option<u64>,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` text the snapshot recorded (`None` when it recorded none, or
+    /// an empty one).
+    pub conf: Option<String>,
 }
 
 /// An allocation trace of one device, ready to replay.

@@ -93,6 +93,12 @@ pub fn from_value(name: &str, v: &Value) -> Result<Trace> {
             .and_then(Value::as_int)
             .filter(|&m| m > 0)
             .map(|m| m as u64);
+        n.conf = settings
+            .get("PYTORCH_CUDA_ALLOC_CONF")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_string);
     }
     Ok(trace)
 }

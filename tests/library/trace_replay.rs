@@ -562,10 +562,21 @@ fn native_settings_come_from_the_snapshot() {
             n.max_split_size, None,
             "{name}: max_split_size -1 is unlimited"
         );
-        let opts = NativeOptions {
-            expandable_segments: true,
-            ..NativeOptions::new(80 * GIB)
-        };
+        assert_eq!(
+            n.conf.as_deref(),
+            Some("expandable_segments:True"),
+            "{name}"
+        );
+        // The recorded text gives the same settings as the recorded fields.
+        let opts =
+            NativeOptions::with_conf(80 * GIB, "recorded", n.conf.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            opts,
+            NativeOptions {
+                expandable_segments: true,
+                ..NativeOptions::new(80 * GIB)
+            }
+        );
         let r = native::simulate(&t, &opts).unwrap();
         let ratio = r.peak_reserved as f64 / n.peak as f64;
         println!(

@@ -92,7 +92,18 @@ impl<'a> ArgCursor<'a> {
             .map(|k| (torch_arena::config::edit_distance(name, k), *k))
             .filter(|&(d, _)| d <= 2)
             .min_by_key(|&(d, _)| d)
-            .map(|(_, k)| format!(" (did you mean '{k}'?)"))
+            .map(|(_, k)| k)
+            // A known option the name begins (`--native` for `--native-conf`).
+            .or_else(|| {
+                let starting: Vec<&str> = self
+                    .known
+                    .iter()
+                    .copied()
+                    .filter(|k| k.starts_with(name))
+                    .collect();
+                (name.len() > 2 && starting.len() == 1).then(|| starting[0])
+            })
+            .map(|k| format!(" (did you mean '{k}'?)"))
             .unwrap_or_default();
         format!(
             "{}: unknown option '{name}'{hint}\n{}\n(torch-arena help: every option)",

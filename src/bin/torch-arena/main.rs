@@ -5,6 +5,9 @@
 //!   `synth:` spec), replay it under every `--conf`, optionally emulate the native allocator
 //!   (`--native`), and print a table per trace (or JSON lines with `--json`), the report of any
 //!   out-of-memory, and a plot (`--plot`).
+//! - `fit TRACE...`: the smallest simulated device on which each trace runs with no
+//!   out-of-memory, for the arena (each `--conf`) and the native allocator (each
+//!   `--native-conf`), and the last step's cost there.
 //! - `synth KIND -o FILE`: write a synthetic trace.
 //! - `demo`: replay the training-loop trace the project ships and explain the result;
 //!   `demo --model` runs the modelled training loop directly (how that trace is recorded).
@@ -36,6 +39,7 @@ use torch_arena::trace::{self as tr, Kind, Source, Trace, synth as lib_synth};
 mod args;
 mod convert;
 mod demo;
+mod fit;
 mod json;
 mod progress;
 mod replay;
@@ -49,6 +53,7 @@ mod text;
 use args::*;
 use convert::*;
 use demo::*;
+use fit::*;
 use json::*;
 use progress::*;
 use replay::*;
@@ -67,6 +72,9 @@ commands:
   replay TRACE... [options]   replay each trace under each setting; print per trace the peak
                               requested and reserved bytes, fragmentation, speed and driver
                               calls, and where memory ran out
+  fit TRACE... [options]      the smallest GPU on which each trace runs with no out-of-memory,
+                              for the arena and for PyTorch's native allocator under each of
+                              its settings, and what the last step costs there
   synth KIND [options] -o FILE
                               write a synthetic trace in torch-arena's trace format
   convert TRACE -o FILE       write any trace (a PyTorch snapshot, an RMM log, a synthetic
@@ -158,6 +166,38 @@ replay options:
   --progress        show progress on stderr even when it is not a terminal
   --no-progress     never show progress (default: shown when stderr is a terminal)
 
+fit options:
+  --conf CONF       arena settings, as for replay; repeat for more (default: the defaults)
+  --native-conf SETTINGS
+                    PyTorch's native allocator under SETTINGS, in PYTORCH_CUDA_ALLOC_CONF's
+                    grammar (e.g. expandable_segments:True, max_split_size_mb:512,
+                    roundup_power2_divisions:[256:1,>:4], garbage_collection_threshold:0.8 with
+                    per_process_memory_fraction:0.9); repeat for more; an empty one is the defaults.
+                    Default: the defaults, expandable_segments:True, and the settings a
+                    snapshot recorded where it has them. Emulated: max_split_size_mb,
+                    max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
+                    garbage_collection_threshold, per_process_memory_fraction,
+                    expandable_segments; pinned-memory and locking settings are accepted and
+                    change nothing; backend:cudaMallocAsync is refused (not emulated)
+  --repeat N        every one of N steps must run (default 1); the cost shown is the last step's
+  --gpu-lag DURATION, --driver-costs FILE
+                    as for replay, but the GPU lag defaults to 0
+  -j, --jobs N      traces fitted at once (default: one per core)
+  --json            one JSON object per trace: trace, path, source, kind, events,
+                    peak_requested_bytes, repeat, gpu_lag_us, best_native_bytes (the least of the
+                    native settings' minimums), and fit: one object per allocator and setting
+                    with allocator (arena or native), conf (as given, empty for the defaults),
+                    min_capacity_bytes (null: does not fit on any device up to 1 PiB),
+                    ratio_to_requested, saved_vs_best_native_bytes (positive: needs less),
+                    trials (replays the bisection ran) and last_step at the minimum
+                    (memory_driver_calls, driver_calls, driver_calls_by_kind, modelled_driver_s,
+                    modelled_stall_s). A trace that cannot be read gets {trace, path, error}
+  --progress, --no-progress
+                    as for replay
+  The capacity is bisected between one that cannot fit (under the peak of the bytes requested)
+  and one that ran with no out-of-memory, in 2 MiB steps, to within max(2 MiB, 0.25 %); the
+  capacity reported is one that ran, so `replay --capacity` there fits.
+
 synth:
   synth adversarial [--capacity SIZE] -o FILE        (default capacity 80GiB)
   synth rmm-random --n N --max SIZE [--seed S] -o FILE
@@ -191,6 +231,21 @@ exit status:
 
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
 [--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--backing] [--check] [--live[=N]] [--json] [--plot FILE] [--progress | --no-progress]";
+const FIT_SYNOPSIS: &str = "usage: torch-arena fit TRACE... [--conf CONF]... [--native-conf SETTINGS]... \
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [-j N] [--json] [--progress | --no-progress]";
+/// The options of `fit`, for "did you mean" hints.
+const FIT_OPTIONS: &[&str] = &[
+    "--conf",
+    "--native-conf",
+    "--repeat",
+    "--gpu-lag",
+    "--driver-costs",
+    "--jobs",
+    "--json",
+    "--progress",
+    "--no-progress",
+    "--help",
+];
 const SYNTH_SYNOPSIS: &str = "usage: torch-arena synth adversarial [--capacity SIZE] -o FILE\n       \
 torch-arena synth rmm-random --n N --max SIZE [--seed S] -o FILE";
 const CONVERT_SYNOPSIS: &str = "usage: torch-arena convert TRACE -o FILE";
@@ -235,6 +290,7 @@ fn main() -> ExitCode {
         Some("synth") => synth_command(&args[1..]),
         Some("convert") => convert_command(&args[1..]),
         Some("demo") => demo_command(&args[1..]),
+        Some("fit") => fit_command(&args[1..]),
         None | Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(0)
@@ -244,7 +300,7 @@ fn main() -> ExitCode {
             Ok(0)
         }
         Some(other) => Err(format!(
-            "unknown command '{other}'; commands: replay, synth, convert, demo, help\n\n{USAGE}"
+            "unknown command '{other}'; commands: replay, fit, synth, convert, demo, help\n\n{USAGE}"
         )),
     };
     match result {

@@ -33,6 +33,8 @@ pub(crate) struct ProgressBar {
     pub(crate) start: Instant,
     pub(crate) last: Option<Instant>,
     pub(crate) width: usize,
+    /// What is counted, for the rate ("events").
+    pub(crate) unit: &'static str,
 }
 
 impl ProgressBar {
@@ -43,7 +45,14 @@ impl ProgressBar {
             start: Instant::now(),
             last: None,
             width: 0,
+            unit: "events",
         }
+    }
+
+    /// The same bar, counting `unit` instead of events.
+    pub(crate) fn counting(mut self, unit: &'static str) -> Self {
+        self.unit = unit;
+        self
     }
 
     pub(crate) fn update(&mut self, done: usize, total: usize) {
@@ -69,12 +78,13 @@ impl ProgressBar {
         let filled = (frac * BAR as f64).round() as usize;
         let rate = done as f64 / since_start.as_secs_f64().max(1e-9);
         let line = format!(
-            "{} [{}{}] {:>5.1} %  {} events/s  {}",
+            "{} [{}{}] {:>5.1} %  {} {}/s  {}",
             self.label,
             "#".repeat(filled),
             "-".repeat(BAR - filled),
             frac * 100.0,
             fmt_rate(rate),
+            self.unit,
             eta_text(done, total, since_start)
         );
         let pad = self.width.saturating_sub(line.chars().count());
@@ -85,13 +95,21 @@ impl ProgressBar {
     }
 }
 
-impl Drop for ProgressBar {
-    fn drop(&mut self) {
+impl ProgressBar {
+    /// Erase the line (before other output); the next update draws it again.
+    pub(crate) fn clear(&mut self) {
         if self.width > 0 {
             let mut err = std::io::stderr().lock();
             let _ = write!(err, "\r{}\r", " ".repeat(self.width));
             let _ = err.flush();
+            self.width = 0;
         }
+    }
+}
+
+impl Drop for ProgressBar {
+    fn drop(&mut self) {
+        self.clear();
     }
 }
 

@@ -131,6 +131,22 @@ pub(crate) struct TraceInfo {
     pub(crate) native_recorded_calls: Option<DriverCounters>,
 }
 
+/// What the reports need of `trace`, loaded from `arg`.
+pub(crate) fn trace_info(arg: &TraceArg, trace: &Trace) -> TraceInfo {
+    TraceInfo {
+        name: arg.name(),
+        path: arg.text(),
+        source: trace.source,
+        kind: trace.kind,
+        device: trace.device,
+        events: trace.events.len(),
+        seeded: trace.seeded,
+        peak_requested: trace.peak_requested(),
+        native_recorded: trace.native.as_ref().map(|n| n.peak),
+        native_recorded_calls: recorded_calls(trace),
+    }
+}
+
 /// The native allocator's recorded segment events as driver calls, with the bytes they reserved
 /// and released (see `TraceInfo::native_recorded_calls`); `None` when the trace has none.
 pub(crate) fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
@@ -198,18 +214,7 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
         TraceArg::Synth(..) => "generating",
     };
     let trace = with_spinner(s.progress, verb, &name, || arg.load())?;
-    let info = TraceInfo {
-        name: name.clone(),
-        path: arg.text(),
-        source: trace.source,
-        kind: trace.kind,
-        device: trace.device,
-        events: trace.events.len(),
-        seeded: trace.seeded,
-        peak_requested: trace.peak_requested(),
-        native_recorded: trace.native.as_ref().map(|n| n.peak),
-        native_recorded_calls: recorded_calls(&trace),
-    };
+    let info = trace_info(arg, &trace);
     let points = if s.plot.is_some() { PLOT_POINTS } else { 0 };
     let recorded_series = if points > 0 && trace.native.is_some() {
         native::recorded_series(&trace, points)
