@@ -63,6 +63,9 @@ impl Allocator {
 pub struct Trial {
     pub capacity: u64,
     pub fits: bool,
+    /// The most bytes requested at once over the steps that ran (with `repeat` > 1, what one
+    /// step leaves live adds up).
+    pub peak_requested: u64,
     /// The last step's figures (the steady state, with `repeat` > 1).
     pub last_step: StepStats,
 }
@@ -89,7 +92,7 @@ pub fn trial(
     capacity: u64,
     timing: &Timing,
 ) -> Result<Trial> {
-    let (fits, steps) = match allocator {
+    let (fits, peak_requested, steps) = match allocator {
         Allocator::Arena { conf, label } => {
             let opts = ReplayOptions {
                 conf: conf.clone(),
@@ -98,7 +101,7 @@ pub fn trial(
                 ..ReplayOptions::new(capacity)
             };
             let r = replay(trace, &opts, &mut |_, _| {})?;
-            (r.oom.is_none(), r.steps)
+            (r.oom.is_none(), r.peak_requested, r.steps)
         }
         Allocator::Native { options, .. } => {
             let opts = NativeOptions {
@@ -107,12 +110,17 @@ pub fn trial(
                 ..options.clone()
             };
             let r = native::simulate_timed(trace, &opts, timing, &mut |_, _| {})?;
-            (r.oom_event.is_none(), r.replay.steps)
+            (
+                r.oom_event.is_none(),
+                r.replay.peak_requested,
+                r.replay.steps,
+            )
         }
     };
     Ok(Trial {
         capacity,
         fits,
+        peak_requested,
         last_step: steps.last().cloned().unwrap_or_default(),
     })
 }

@@ -100,3 +100,21 @@ fn a_request_larger_than_any_device_never_fits() {
         assert_eq!((f.min_capacity, f.at_min.is_none()), (None, true));
     }
 }
+
+/// What a step leaves live stays live in the next (`replay --repeat` repeats only what a pass
+/// both allocates and frees): the peak requested a fit reports is over every step.
+#[test]
+fn the_requested_peak_is_over_every_step() {
+    // Pass 1: 4 MiB then freed, then 10 MiB kept (peak 10 MiB). Pass 2 repeats the 4 MiB on top.
+    let t = trace(&[S::A(2, 4 * MIB), S::F(2), S::A(1, 10 * MIB)]);
+    assert_eq!(t.peak_requested(), 10 * MIB);
+    let timing = Timing {
+        repeat: 3,
+        ..Timing::default()
+    };
+    let f = fit::fit(&t, &native(""), &timing, &mut |_| {}).unwrap();
+    assert_eq!(f.at_min.unwrap().peak_requested, 14 * MIB);
+    // The 4 MiB request takes a 20 MiB segment; the 10 MiB block and the next 4 MiB ones split
+    // it: 20 MiB in all.
+    assert_eq!(f.min_capacity, Some(20 * MIB));
+}

@@ -231,6 +231,16 @@ impl FitSettings {
     }
 }
 
+/// The most bytes requested at once over every step, as the replays that fit saw it (the trace's
+/// one-pass peak when none did).
+fn peak_requested(t: &TraceFit) -> u64 {
+    t.fits
+        .iter()
+        .filter_map(|f| f.at_min.as_ref().map(|a| a.peak_requested))
+        .max()
+        .unwrap_or(t.info.peak_requested)
+}
+
 /// The least capacity among the native settings that fit, if any did.
 fn best_native(fits: &[Fit]) -> Option<u64> {
     fits.iter()
@@ -260,7 +270,7 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> b
         }
     };
     let best = best_native(&t.fits);
-    let peak = t.info.peak_requested;
+    let peak = peak_requested(&t);
     if s.json {
         println!("{}", fit_json(s, &t, best));
         return false;
@@ -326,7 +336,7 @@ fn signed_bytes(saved: i64) -> String {
 
 /// One trace's JSON object (see `--json` in the usage).
 fn fit_json(s: &FitSettings, t: &TraceFit, best: Option<u64>) -> String {
-    let peak = t.info.peak_requested;
+    let peak = peak_requested(t);
     let fits: Vec<String> = t
         .fits
         .iter()

@@ -184,8 +184,9 @@ fit options:
                     as for replay, but the GPU lag defaults to 0
   -j, --jobs N      traces fitted at once (default: one per core)
   --json            one JSON object per trace: trace, path, source, kind, events,
-                    peak_requested_bytes, repeat, gpu_lag_us, best_native_bytes (the least of the
-                    native settings' minimums), and fit: one object per allocator and setting
+                    peak_requested_bytes (over every step), repeat, gpu_lag_us,
+                    best_native_bytes (the least of the native settings' minimums), and fit:
+                    one object per allocator and setting
                     with allocator (arena or native), conf (as given, empty for the defaults),
                     min_capacity_bytes (null: does not fit on any device up to 1 PiB),
                     ratio_to_requested, saved_vs_best_native_bytes (positive: needs less),
