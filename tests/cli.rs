@@ -871,3 +871,221 @@ fn live_by_site_at_the_peak_or_at_the_oom() {
     let o = torch_arena(&["replay", "synth:rmm-random:10:1MiB", "--live=0"]);
     assert_usage_error(&o, &["--live", "at least 1"]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interrupted writes (issue 37 item 5): every file the command writes replaces the old one whole
+// or not at all.
+
+/// Runs torch-arena with every file it writes limited to `limit` bytes (`RLIMIT_FSIZE`, with
+/// `SIGXFSZ` ignored): a write past the limit fails (`EFBIG`) as a write to a full disk fails
+/// (`ENOSPC`). Pipes (stdout, stderr) are not files and are not limited.
+fn torch_arena_with_file_limit(args: &[&str], limit: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_torch-arena"));
+    c.args(args)
+        .env_remove("TORCH_ARENA_DEMO_TRACE")
+        .env_remove("TORCH_ARENA_CONF");
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let r = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c.output().expect("run torch-arena")
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A write that fails part-way (the disk fills up) leaves the old file as it was and no partial
+/// file beside it, for each file the command writes: `synth -o`, `convert -o`, `--plot` (SVG,
+/// PNG, one file per trace, the overview chart; `demo --plot` writes through the same function).
+/// Seen failing before the fix:
+/// each target was left truncated to the limit.
+#[test]
+fn a_write_that_fails_keeps_the_old_file_and_leaves_no_partial_one() {
+    let dir = scratch("write-fails");
+    let old = b"an old file that must survive\n";
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let synth8: Vec<String> = (1..=8)
+        .map(|s| format!("synth:rmm-random:200:4MiB:{s}"))
+        .collect();
+    let mut overview = vec![
+        "replay".to_string(),
+        "--no-progress".into(),
+        "--plot".into(),
+    ];
+    overview.push(path("all.svg"));
+    overview.extend(synth8.iter().cloned());
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "s.trace.gz",
+            ["synth", "rmm-random", "--n", "20000", "--max", "1MiB", "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([path("s.trace.gz")])
+                .collect(),
+        ),
+        (
+            "s.trace",
+            ["synth", "adversarial", "--capacity", "16GiB", "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([path("s.trace")])
+                .collect(),
+        ),
+        (
+            "c.trace.gz",
+            vec![
+                "convert".into(),
+                "synth:rmm-random:20000:1MiB".into(),
+                "-o".into(),
+                path("c.trace.gz"),
+            ],
+        ),
+        (
+            "p.svg",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("p.svg"),
+            ],
+        ),
+        (
+            "p.png",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("p.png"),
+            ],
+        ),
+        (
+            "synth_rmm-random_500_4MiB.svg",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("{trace}.svg"),
+            ],
+        ),
+        ("all.svg", overview),
+    ];
+    for (target, args) in &cases {
+        let file = dir.join(target);
+        std::fs::write(&file, old).unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = torch_arena_with_file_limit(&args, 1024);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{target}: {err}");
+        assert!(
+            err.contains("File too large") && err.contains(target),
+            "{target}: the error names neither the cause nor the file: {err}"
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            old,
+            "{target}: the old file was overwritten"
+        );
+        let mut expected: Vec<String> = cases[..]
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .take_while(|t| t != target)
+            .chain([target.to_string()])
+            .collect();
+        expected.sort();
+        assert_eq!(listing(&dir), expected, "{target}: a partial file was left");
+    }
+    // Without the limit the same commands replace the old files.
+    for (target, args) in &cases[..2] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = torch_arena(&args);
+        assert_eq!(o.status.code(), Some(0), "{target}: {}", stderr(&o));
+        assert_ne!(std::fs::read(dir.join(target)).unwrap(), old, "{target}");
+    }
+}
+
+/// `synth -o` killed (SIGKILL) while it writes leaves the old file intact: it writes a temporary
+/// file beside the target and renames it only when complete. Seen failing before the fix: the
+/// target was truncated when the write began, and the kill left a broken gzip stream.
+#[test]
+fn a_write_killed_part_way_leaves_the_old_file_intact() {
+    let dir = scratch("write-killed");
+    let target = dir.join("t.trace.gz");
+    let t = target.to_str().unwrap();
+    let o = torch_arena(&[
+        "synth",
+        "rmm-random",
+        "--n",
+        "100",
+        "--max",
+        "1MiB",
+        "-o",
+        t,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let old = std::fs::read(&target).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+        .args([
+            "synth",
+            "rmm-random",
+            "--n",
+            "200000",
+            "--max",
+            "1MiB",
+            "-o",
+            t,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the write has begun: a temporary file appears beside the target or (writing in
+    // place) the target changes. Compressing 400,000 events takes far longer than this poll.
+    let began = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        let beside = listing(&dir).len() > 1;
+        let changed = std::fs::metadata(&target).map_or(true, |m| m.len() != old.len() as u64);
+        if beside || changed {
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert!(began, "the write ended before it could be interrupted");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        std::fs::read(&target).unwrap() == old,
+        "the old file was overwritten by a partial one"
+    );
+    // What the kill left is a hidden temporary file, never the target.
+    for name in listing(&dir) {
+        assert!(
+            name == "t.trace.gz" || name.starts_with(".t.trace.gz.tmp-"),
+            "{name}"
+        );
+    }
+    let o = torch_arena(&["replay", "--json", "--no-progress", t]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

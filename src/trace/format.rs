@@ -339,19 +339,26 @@ fn one_line(s: &str) -> String {
 
 /// Writes `trace` to `path` (gzip when the name ends in `.gz`). Ids are written as they are:
 /// unique per allocation, so reading the file back gives the same events.
+///
+/// The file is replaced atomically ([`crate::atomic_file`]): a write that fails (a full disk) or
+/// a process killed part-way leaves the old file as it was.
 pub fn write(trace: &Trace, path: &Path) -> Result<()> {
     let fail = |e: io::Error| Error::Trace(format!("cannot write trace {}: {e}", path.display()));
-    let file = File::create(path).map_err(fail)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
-    let mut out: Box<dyn Write> = if gz {
-        Box::new(BufWriter::new(GzEncoder::new(file, Compression::default())))
-    } else {
-        Box::new(BufWriter::new(file))
-    };
-    write_body(trace, &mut out).map_err(fail)?;
-    out.flush().map_err(fail)?;
-    drop(out); // finishes the gzip stream
-    Ok(())
+    crate::atomic_file::write(path, |file| {
+        if gz {
+            let mut out = BufWriter::new(GzEncoder::new(file, Compression::default()));
+            write_body(trace, &mut out)?;
+            // `finish` writes the gzip trailer and reports its error (a drop would ignore it).
+            out.into_inner()
+                .map_err(io::IntoInnerError::into_error)?
+                .finish()?;
+        } else {
+            write_body(trace, file)?;
+        }
+        Ok(())
+    })
+    .map_err(fail)
 }
 
 fn write_body(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {
