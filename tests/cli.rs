@@ -1134,3 +1134,52 @@ fn a_recording_killed_mid_line_replays_its_complete_lines() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(stdout(&o).contains("\"events\": "), "{}", stdout(&o));
 }
+
+/// With stdout on a full disk (issue 37 item 7), every command that prints says so in one line
+/// and exits 1: `replay --json`, a table, `demo`, `demo --model`, `synth`, help. Seen failing
+/// before the fix: a panic's backtrace and exit 101.
+#[test]
+fn a_full_stdout_is_one_line_of_error_and_exit_1() {
+    let dir = scratch("full-stdout");
+    let synth_out = dir.join("s.trace");
+    for args in [
+        &[
+            "replay",
+            "--json",
+            "--no-progress",
+            "synth:rmm-random:100:1MiB",
+        ][..],
+        &["replay", "--no-progress", "synth:rmm-random:100:1MiB"],
+        &[
+            "replay",
+            "--no-progress",
+            "--repeat",
+            "2",
+            "--live",
+            "synth:adversarial:1GiB",
+        ],
+        &["demo", "--no-progress", "--repeat", "1"],
+        &["demo", "--model", "--steps", "1"],
+        &["synth", "adversarial", "-o", synth_out.to_str().unwrap()],
+        &["--help"],
+        &["--version"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+            .args(args)
+            .env_remove("TORCH_ARENA_DEMO_TRACE")
+            .env_remove("TORCH_ARENA_CONF")
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(
+            err, "torch-arena: error writing to stdout: No space left on device (os error 28)\n",
+            "{args:?}"
+        );
+    }
+}

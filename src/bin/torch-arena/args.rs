@@ -332,7 +332,7 @@ impl TraceArg {
 fn load_warning(path: &Path) -> torch_arena::error::Result<Trace> {
     let (trace, warnings) = tr::load_with_warnings(path)?;
     for w in warnings {
-        eprintln!("torch-arena: warning: {w}");
+        errln!("torch-arena: warning: {w}");
     }
     Ok(trace)
 }
