@@ -250,7 +250,7 @@ fn demo_model_runs_the_modelled_loop() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let out = stdout(&o);
         assert!(out.contains("torch-arena summary, device ID 0"), "{out}");
-        assert!(out.contains("1 steps in"), "{out}");
+        assert!(out.contains("\n1 step in "), "{out}");
     }
     let o = torch_arena(&["demo", "--model", "--capacity", "1GiB"]);
     assert_usage_error(&o, &["--capacity, --plot", "are for the trace replay"]);
@@ -715,7 +715,7 @@ fn repeat_shows_a_steady_state_table() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     for s in [
-        "2 steps of the trace; GPU lag 2.00 ms",
+        "replayed 2 times in a row (replay steps 1–2, each the whole trace); GPU lag 2.00 ms",
         "driver time",
         "stall",
         "steady state",
@@ -756,9 +756,9 @@ fn demo_runs_from_a_copy_of_the_command_anywhere() {
     let out = stdout(&o);
     for s in [
         "the demo trace built into torch-arena",
-        "3 steps of the trace",
+        "replayed 3 times in a row (replay steps 1–3, each the whole trace)",
         "native (emulated)",
-        "Memory driver calls per step, steady state",
+        "Memory driver calls in the last replay step",
         "the same for native (emulated)",
     ] {
         assert!(out.contains(s), "lacks {s:?}: {out}");
@@ -850,7 +850,9 @@ fn live_by_site_at_the_peak_or_at_the_oom() {
         out.contains("live by site at the out-of-memory of event"),
         "{out}"
     );
-    assert!(out.contains("in 2048 allocation(s)"), "{out}");
+    assert!(out.contains("in 2048 allocations"), "{out}");
+    // Bytes for people, never a raw count of bytes.
+    assert!(out.contains(" GiB "), "{out}");
 
     let o = torch_arena(&[
         "replay",
@@ -1182,4 +1184,33 @@ fn a_full_stdout_is_one_line_of_error_and_exit_1() {
             "{args:?}"
         );
     }
+}
+
+/// `demo --model`'s table stays aligned past 10,000 MiB (issue 37 item 12: its columns shifted
+/// at step 7, where the peak passes 10 GiB): every row has its `|` where the header has them,
+/// and sizes are written for people. Seen failing before the fix (`10505.5 MiB` overflowed).
+#[test]
+fn demo_model_columns_stay_aligned_past_10_gib() {
+    let o = torch_arena(&["demo", "--model", "--steps", "7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let bars = |l: &str| -> Vec<usize> {
+        l.chars()
+            .enumerate()
+            .filter(|&(_, c)| c == '|')
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let header = out.lines().find(|l| l.starts_with(" step |")).expect(&out);
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with(" step |"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(rows.len(), 7, "{out}");
+    for r in &rows {
+        assert_eq!(bars(r), bars(header), "\n{header}\n{r}");
+    }
+    assert!(rows[6].contains(" GiB "), "{}", rows[6]);
 }

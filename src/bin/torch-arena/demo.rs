@@ -152,7 +152,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
                 ),
             ),
             (
-                "Memory driver calls per step, steady state",
+                "Memory driver calls in the last replay step",
                 steady_calls(&r.steps),
             ),
             (
@@ -271,8 +271,8 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     outln!("torch-arena demo: a transformer training loop modelled on a simulated GPU ({conf})")?;
     outln!()?;
     outln!(
-        " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op  \
-         | mem calls | driver time | created for: peak / layout"
+        " step | live tensors |   allocated |  peak alloc |    reserved |   peak resv |   frag | \
+         time/op | mem calls | driver time | created for: peak / layout"
     )?;
     let started = Instant::now();
     let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
@@ -296,14 +296,14 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
         let frag =
             1.0 - s.requested_bytes.all().peak as f64 / s.reserved_bytes.all().peak.max(1) as f64;
         outln!(
-            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11} | {:>26}",
+            " {step:>4} | {:>12} | {:>11} | {:>11} | {:>11} | {:>11} | {:>5.1}% | {:>7} | {:>9} | {:>11} | {:>26}",
             s.allocation.all().current,
-            mib(s.allocated_bytes.all().current),
-            mib(s.allocated_bytes.all().peak),
-            mib(s.reserved_bytes.all().current),
-            mib(s.reserved_bytes.all().peak),
+            bytes(s.allocated_bytes.all().current),
+            bytes(s.allocated_bytes.all().peak),
+            bytes(s.reserved_bytes.all().current),
+            bytes(s.reserved_bytes.all().peak),
             frag * 100.0,
-            t.elapsed().as_nanos() / ops.max(1) as u128,
+            fmt_ns(t.elapsed().as_nanos() as f64 / ops.max(1) as f64),
             fmt_count(calls.memory_calls()),
             fmt_secs(costs.seconds(&calls)),
             format!(
@@ -324,10 +324,16 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
     )?;
     outln!()?;
     out!("{}", arena.summary(0, false).map_err(|e| e.to_string())?)?;
-    outln!("{steps} steps in {:.2} s", started.elapsed().as_secs_f64())?;
+    outln!(
+        "{steps} step{} in {:.2} s",
+        if steps == 1 { "" } else { "s" },
+        started.elapsed().as_secs_f64()
+    )?;
     Ok(0)
 }
 
-pub(crate) fn mib(bytes: i64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+/// A memory_stats figure for the table: at most 11 characters (`1023.99 GiB`) whatever the size,
+/// so the columns stay aligned.
+pub(crate) fn bytes(n: i64) -> String {
+    fmt_bytes(u64::try_from(n).unwrap_or(0))
 }

@@ -141,8 +141,9 @@ replay options:
                     latencies of the driver calls, one `NAME = MICROSECONDS` per line (e.g.
                     cuMemCreate = 7.6; `NAME per GiB = MICROSECONDS` adds a term per GiB for
                     cuMemCreate, cuMemRelease, cuMemAlloc and cuMemFree); unnamed calls keep
-                    the defaults, measured on an H200 (bench/costs/h200.txt; the former A100
-                    defaults are bench/costs/a100.txt). The conf key
+                    the defaults, measured on an H200 (in a source checkout:
+                    bench/costs/h200.txt; the former A100 defaults: bench/costs/a100.txt).
+                    The conf key
                     driver_costs:FILE does the same for one --conf of a sweep
   --backing         back the simulated pages with host memory and check every live
                     allocation's bytes (slow: for small traces)

@@ -471,12 +471,19 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<(
     outln!()
 }
 
-/// The settings of the timing model, in one line.
+/// The settings of the timing model, in one line. A replay step is one whole pass over the
+/// trace (not a step of the training the trace may have recorded).
 pub(crate) fn timing_line(t: &Timing) -> String {
+    let passes = if t.repeat == 1 {
+        "replayed once".to_string()
+    } else {
+        format!(
+            "replayed {} times in a row (replay steps 1–{}, each the whole trace)",
+            t.repeat, t.repeat
+        )
+    };
     format!(
-        "{} step{} of the trace; GPU lag {}; driver calls priced at {}",
-        t.repeat,
-        if t.repeat == 1 { "" } else { "s" },
+        "{passes}; GPU lag {}; driver calls priced at {}",
         fmt_secs(t.gpu_lag_ns as f64 / 1e9),
         t.costs.source
     )
