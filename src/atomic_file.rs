@@ -106,6 +106,12 @@ fn create_temp(target: &Path) -> io::Result<(File, PathBuf)> {
         })?
         .to_string_lossy()
         .into_owned();
+    // Room for the prefix and suffix within a file name's 255 bytes.
+    let mut cut = name.len().min(200);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let name = &name[..cut];
     let dir = folder_of(target);
     let mut tries = 0;
     loop {
@@ -215,6 +221,10 @@ mod tests {
         );
         assert_eq!(fs::read(&p).unwrap(), b"through the link");
         write(Path::new("/dev/null"), |w| w.write_all(b"discarded")).unwrap();
+        // A name of 255 bytes (the most a file name may have) still gets a temporary file.
+        let long = dir.join("é".repeat(127) + "x");
+        write(&long, |w| w.write_all(b"long")).unwrap();
+        assert_eq!(fs::read(&long).unwrap(), b"long");
         let e = write(&dir, |w| w.write_all(b"x")).unwrap_err();
         assert!(e.to_string().contains("folder"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
