@@ -258,7 +258,7 @@ fn demo_model_runs_the_modelled_loop() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let out = stdout(&o);
         assert!(out.contains("torch-arena summary, device ID 0"), "{out}");
-        assert!(out.contains("1 steps in"), "{out}");
+        assert!(out.contains("\n1 step in "), "{out}");
     }
     let o = torch_arena(&["demo", "--model", "--capacity", "1GiB"]);
     assert_usage_error(&o, &["--capacity, --plot", "are for the trace replay"]);
@@ -723,7 +723,7 @@ fn repeat_shows_a_steady_state_table() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     for s in [
-        "2 steps of the trace; GPU lag 2.00 ms",
+        "replayed 2 times in a row (replay steps 1–2, each the whole trace); GPU lag 2.00 ms",
         "driver time",
         "stall",
         "steady state",
@@ -764,9 +764,9 @@ fn demo_runs_from_a_copy_of_the_command_anywhere() {
     let out = stdout(&o);
     for s in [
         "the demo trace built into torch-arena",
-        "3 steps of the trace",
+        "replayed 3 times in a row (replay steps 1–3, each the whole trace)",
         "native (emulated)",
-        "Memory driver calls per step, steady state",
+        "Memory driver calls in the last replay step",
         "the same for native (emulated)",
     ] {
         assert!(out.contains(s), "lacks {s:?}: {out}");
@@ -858,7 +858,9 @@ fn live_by_site_at_the_peak_or_at_the_oom() {
         out.contains("live by site at the out-of-memory of event"),
         "{out}"
     );
-    assert!(out.contains("in 2048 allocation(s)"), "{out}");
+    assert!(out.contains("in 2048 allocations"), "{out}");
+    // Bytes for people, never a raw count of bytes.
+    assert!(out.contains(" GiB "), "{out}");
 
     let o = torch_arena(&[
         "replay",
@@ -1042,4 +1044,345 @@ fn fit_usage_errors_name_what_was_wrong() {
         &torch_arena(&["fit", "synth:rmm-random:10:1MiB", "--native"]),
         &["unknown option '--native'", "did you mean '--native-conf'?"],
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interrupted writes (issue 37 item 5): every file the command writes replaces the old one whole
+// or not at all.
+
+/// Runs torch-arena with every file it writes limited to `limit` bytes (`RLIMIT_FSIZE`, with
+/// `SIGXFSZ` ignored): a write past the limit fails (`EFBIG`) as a write to a full disk fails
+/// (`ENOSPC`). Pipes (stdout, stderr) are not files and are not limited.
+fn torch_arena_with_file_limit(args: &[&str], limit: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_torch-arena"));
+    c.args(args)
+        .env_remove("TORCH_ARENA_DEMO_TRACE")
+        .env_remove("TORCH_ARENA_CONF");
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let r = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c.output().expect("run torch-arena")
+}
+
+/// The names in `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A write that fails part-way (the disk fills up) leaves the old file as it was and no partial
+/// file beside it, for each file the command writes: `synth -o`, `convert -o`, `--plot` (SVG,
+/// PNG, one file per trace, the overview chart; `demo --plot` writes through the same function).
+/// Seen failing before the fix:
+/// each target was left truncated to the limit.
+#[test]
+fn a_write_that_fails_keeps_the_old_file_and_leaves_no_partial_one() {
+    let dir = scratch("write-fails");
+    let old = b"an old file that must survive\n";
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let synth8: Vec<String> = (1..=8)
+        .map(|s| format!("synth:rmm-random:200:4MiB:{s}"))
+        .collect();
+    let mut overview = vec![
+        "replay".to_string(),
+        "--no-progress".into(),
+        "--plot".into(),
+    ];
+    overview.push(path("all.svg"));
+    overview.extend(synth8.iter().cloned());
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "s.trace.gz",
+            ["synth", "rmm-random", "--n", "20000", "--max", "1MiB", "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([path("s.trace.gz")])
+                .collect(),
+        ),
+        (
+            "s.trace",
+            ["synth", "adversarial", "--capacity", "16GiB", "-o"]
+                .map(String::from)
+                .into_iter()
+                .chain([path("s.trace")])
+                .collect(),
+        ),
+        (
+            "c.trace.gz",
+            vec![
+                "convert".into(),
+                "synth:rmm-random:20000:1MiB".into(),
+                "-o".into(),
+                path("c.trace.gz"),
+            ],
+        ),
+        (
+            "p.svg",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("p.svg"),
+            ],
+        ),
+        (
+            "p.png",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("p.png"),
+            ],
+        ),
+        (
+            "synth_rmm-random_500_4MiB.svg",
+            vec![
+                "replay".into(),
+                "synth:rmm-random:500:4MiB".into(),
+                "--no-progress".into(),
+                "--plot".into(),
+                path("{trace}.svg"),
+            ],
+        ),
+        ("all.svg", overview),
+    ];
+    for (target, args) in &cases {
+        let file = dir.join(target);
+        std::fs::write(&file, old).unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = torch_arena_with_file_limit(&args, 1024);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{target}: {err}");
+        assert!(
+            err.contains("File too large") && err.contains(target),
+            "{target}: the error names neither the cause nor the file: {err}"
+        );
+        assert_eq!(
+            std::fs::read(&file).unwrap(),
+            old,
+            "{target}: the old file was overwritten"
+        );
+        let mut expected: Vec<String> = cases[..]
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .take_while(|t| t != target)
+            .chain([target.to_string()])
+            .collect();
+        expected.sort();
+        assert_eq!(listing(&dir), expected, "{target}: a partial file was left");
+    }
+    // Without the limit the same commands replace the old files.
+    for (target, args) in &cases[..2] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = torch_arena(&args);
+        assert_eq!(o.status.code(), Some(0), "{target}: {}", stderr(&o));
+        assert_ne!(std::fs::read(dir.join(target)).unwrap(), old, "{target}");
+    }
+}
+
+/// `synth -o` killed (SIGKILL) while it writes leaves the old file intact: it writes a temporary
+/// file beside the target and renames it only when complete. Seen failing before the fix: the
+/// target was truncated when the write began, and the kill left a broken gzip stream.
+#[test]
+fn a_write_killed_part_way_leaves_the_old_file_intact() {
+    let dir = scratch("write-killed");
+    let target = dir.join("t.trace.gz");
+    let t = target.to_str().unwrap();
+    let o = torch_arena(&[
+        "synth",
+        "rmm-random",
+        "--n",
+        "100",
+        "--max",
+        "1MiB",
+        "-o",
+        t,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let old = std::fs::read(&target).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+        .args([
+            "synth",
+            "rmm-random",
+            "--n",
+            "200000",
+            "--max",
+            "1MiB",
+            "-o",
+            t,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the write has begun: a temporary file appears beside the target or (writing in
+    // place) the target changes. Compressing 400,000 events takes far longer than this poll.
+    let began = loop {
+        if child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        let beside = listing(&dir).len() > 1;
+        let changed = std::fs::metadata(&target).map_or(true, |m| m.len() != old.len() as u64);
+        if beside || changed {
+            break true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert!(began, "the write ended before it could be interrupted");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        std::fs::read(&target).unwrap() == old,
+        "the old file was overwritten by a partial one"
+    );
+    // What the kill left is a hidden temporary file, never the target.
+    for name in listing(&dir) {
+        assert!(
+            name == "t.trace.gz" || name.starts_with(".t.trace.gz.tmp-"),
+            "{name}"
+        );
+    }
+    let o = torch_arena(&["replay", "--json", "--no-progress", t]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+/// A `trace:PATH` recording ended by SIGKILL (issue 37 item 6) replays: the complete lines are
+/// replayed and a warning says what was dropped. Seen failing before the fix: replay refused the
+/// whole file ("'a' needs ... fields").
+#[test]
+fn a_recording_killed_mid_line_replays_its_complete_lines() {
+    let dir = scratch("killed-recording");
+    let rec = dir.join("rec.trace");
+    let conf = format!("device:sim,trace:{}", rec.display());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+        .args(["demo", "--model", "--steps", "1000000", "--conf", &conf])
+        .env_remove("TORCH_ARENA_CONF")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The recorder writes its 256 KiB buffer whenever it fills, not at line ends: wait for a few.
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended");
+        if std::fs::metadata(&rec).is_ok_and(|m| m.len() > 1 << 20) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut bytes = std::fs::read(&rec).unwrap();
+    if bytes.ends_with(b"\n") {
+        // The kill fell on a line end: cut the last line as a full disk would.
+        bytes.pop();
+        std::fs::write(&rec, &bytes).unwrap();
+    }
+    let o = torch_arena(&["replay", "--json", "--no-progress", rec.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.starts_with("torch-arena: warning: ")
+            && err.contains("rec.trace:")
+            && err.contains("the trace was cut off")
+            && err.contains("1 incomplete line at the end"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(stdout(&o).contains("\"events\": "), "{}", stdout(&o));
+}
+
+/// With stdout on a full disk (issue 37 item 7), every command that prints says so in one line
+/// and exits 1: `replay --json`, a table, `demo`, `demo --model`, `synth`, help. Seen failing
+/// before the fix: a panic's backtrace and exit 101.
+#[test]
+fn a_full_stdout_is_one_line_of_error_and_exit_1() {
+    let dir = scratch("full-stdout");
+    let synth_out = dir.join("s.trace");
+    for args in [
+        &[
+            "replay",
+            "--json",
+            "--no-progress",
+            "synth:rmm-random:100:1MiB",
+        ][..],
+        &["replay", "--no-progress", "synth:rmm-random:100:1MiB"],
+        &[
+            "replay",
+            "--no-progress",
+            "--repeat",
+            "2",
+            "--live",
+            "synth:adversarial:1GiB",
+        ],
+        &["demo", "--no-progress", "--repeat", "1"],
+        &["demo", "--model", "--steps", "1"],
+        &["synth", "adversarial", "-o", synth_out.to_str().unwrap()],
+        &["--help"],
+        &["--version"],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_torch-arena"))
+            .args(args)
+            .env_remove("TORCH_ARENA_DEMO_TRACE")
+            .env_remove("TORCH_ARENA_CONF")
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(
+            err, "torch-arena: error writing to stdout: No space left on device (os error 28)\n",
+            "{args:?}"
+        );
+    }
+}
+
+/// `demo --model`'s table stays aligned past 10,000 MiB (issue 37 item 12: its columns shifted
+/// at step 7, where the peak passes 10 GiB): every row has its `|` where the header has them,
+/// and sizes are written for people. Seen failing before the fix (`10505.5 MiB` overflowed).
+#[test]
+fn demo_model_columns_stay_aligned_past_10_gib() {
+    let o = torch_arena(&["demo", "--model", "--steps", "7"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let bars = |l: &str| -> Vec<usize> {
+        l.chars()
+            .enumerate()
+            .filter(|&(_, c)| c == '|')
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let header = out.lines().find(|l| l.starts_with(" step |")).expect(&out);
+    let rows: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with(" step |"))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(rows.len(), 7, "{out}");
+    for r in &rows {
+        assert_eq!(bars(r), bars(header), "\n{header}\n{r}");
+    }
+    assert!(rows[6].contains(" GiB "), "{}", rows[6]);
 }

@@ -73,13 +73,46 @@ impl Default for DeviceEvents {
 /// Reads a `torch-arena-trace` file (plain or gzip, inflated under the parser budget,
 /// [`super::pickle::inflate_budget`]). A multi-device recording keeps the device with the most
 /// events. Every error names the file and, for bad content, the line.
+///
+/// A recording cut off (the process killed, the disk full) ends mid-line: that incomplete last
+/// line, or the unreadable end of a gzip stream cut short, is dropped and the complete lines
+/// before it are read; the warning saying so is logged ([`read_with_warnings`] returns it).
 pub fn read(path: &Path) -> Result<Trace> {
+    let (trace, warnings) = read_with_warnings(path)?;
+    log_warnings(&warnings);
+    Ok(trace)
+}
+
+/// [`read`], and the warnings about what was dropped instead of logging them.
+pub fn read_with_warnings(path: &Path) -> Result<(Trace, Vec<String>)> {
     let input = super::import::open(path)?;
     read_from(path, input)
 }
 
+pub(crate) fn log_warnings(warnings: &[String]) {
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+/// The warning for a file cut off mid-line at line `lineno`: `what` was dropped.
+fn cut_off(path: &Path, lineno: usize, what: &str) -> String {
+    let complete = lineno.saturating_sub(1);
+    format!(
+        "{}:{lineno}: the trace was cut off (a recording stopped by a kill or a full disk, or \
+         an incomplete copy): {what} dropped; replaying the {complete} complete line{} before it",
+        path.display(),
+        if complete == 1 { "" } else { "s" }
+    )
+}
+
 /// Reads a `torch-arena-trace` stream; `path` names it in errors and gives the trace its name.
-pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result<Trace> {
+/// Returns the trace and the warnings about a cut-off end that was dropped.
+pub(crate) fn read_from(
+    path: &Path,
+    mut input: Box<dyn BufRead + '_>,
+) -> Result<(Trace, Vec<String>)> {
+    let mut warnings = Vec::new();
     let mut devices: HashMap<i32, DeviceEvents> = HashMap::new();
     let mut site_ids: HashMap<u64, u32> = HashMap::new();
     let mut sites = vec!["unknown".to_string()];
@@ -90,14 +123,31 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
     loop {
         buf.clear();
         lineno += 1;
-        let n = input.read_line(&mut buf).map_err(|e| {
-            let what = if e.kind() == io::ErrorKind::InvalidData {
-                "not UTF-8 text, or corrupt compressed data".to_string()
-            } else {
-                format!("read failed ({e}); the file may be truncated")
-            };
-            err(path, lineno, what)
-        })?;
+        let n = match input.read_line(&mut buf) {
+            Ok(n) => n,
+            // A gzip stream that ends early: what it held up to the cut was read; the line in
+            // progress is incomplete.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && lineno > 1 => {
+                warnings.push(cut_off(
+                    path,
+                    lineno,
+                    &format!(
+                        "the gzip stream ends early: its incomplete last line ({} bytes) and \
+                         the rest",
+                        buf.len()
+                    ),
+                ));
+                break;
+            }
+            Err(e) => {
+                let what = if e.kind() == io::ErrorKind::InvalidData {
+                    "not UTF-8 text, or corrupt compressed data".to_string()
+                } else {
+                    format!("read failed ({e}); the file may be truncated")
+                };
+                return Err(err(path, lineno, what));
+            }
+        };
         if n == 0 {
             if lineno == 1 {
                 return Err(err(
@@ -108,19 +158,21 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
             }
             break;
         }
-        let complete = buf.ends_with('\n');
+        // Every line is written with its newline: a last line without one is a record cut
+        // short (`a 0x10 4096` may have been `a 0x10 40960 ...`), never to be trusted.
+        if !buf.ends_with('\n') && lineno > 1 {
+            warnings.push(cut_off(
+                path,
+                lineno,
+                &format!(
+                    "1 incomplete line at the end ({} bytes, no newline)",
+                    buf.len()
+                ),
+            ));
+            break;
+        }
         let line = buf.trim_end_matches(['\n', '\r']);
-        let truncated = |msg: String| {
-            if complete {
-                err(path, lineno, msg)
-            } else {
-                err(
-                    path,
-                    lineno,
-                    format!("{msg} (the last line has no newline: the file is truncated)"),
-                )
-            }
-        };
+        let bad = |msg: String| err(path, lineno, msg);
         if lineno == 1 {
             let mut words = line.split_whitespace();
             if words.next() != Some(MAGIC) {
@@ -164,7 +216,7 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
                 let f: Vec<&str> = rest.split_whitespace().collect();
                 let expect = if word == "a" { 5..=6 } else { 5..=5 };
                 if !expect.contains(&f.len()) {
-                    return Err(truncated(format!(
+                    return Err(bad(format!(
                         "'{word}' needs {} fields, found {}: {line:?}",
                         if word == "a" {
                             "ID SIZE STREAM DEVICE TIME_US [SITE]"
@@ -175,17 +227,17 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
                     )));
                 }
                 let field = |i: usize, name: &str| {
-                    num(f[i]).ok_or_else(|| truncated(format!("bad {name} {:?} in {line:?}", f[i])))
+                    num(f[i]).ok_or_else(|| bad(format!("bad {name} {:?} in {line:?}", f[i])))
                 };
                 let ptr = field(0, "ID")?;
                 let size = field(1, "SIZE")?;
                 let stream = field(2, "STREAM")?;
                 let device = f[3]
                     .parse::<i32>()
-                    .map_err(|_| truncated(format!("bad DEVICE {:?} in {line:?}", f[3])))?;
+                    .map_err(|_| bad(format!("bad DEVICE {:?} in {line:?}", f[3])))?;
                 let time_us = f[4]
                     .parse::<i64>()
-                    .map_err(|_| truncated(format!("bad TIME_US {:?} in {line:?}", f[4])))?;
+                    .map_err(|_| bad(format!("bad TIME_US {:?} in {line:?}", f[4])))?;
                 let d = devices.entry(device).or_default();
                 if word == "a" {
                     let site = match f.get(5) {
@@ -225,7 +277,7 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
             "site" => {
                 let (id, text) = rest.split_once(' ').unwrap_or((rest, ""));
                 let id = num(id).filter(|&i| i > 0).ok_or_else(|| {
-                    truncated(format!(
+                    bad(format!(
                         "bad site id in {line:?}: expected 'site N TEXT' with N > 0"
                     ))
                 })?;
@@ -243,7 +295,7 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
                     _ => None,
                 };
                 let (device, bytes) = parsed.ok_or_else(|| {
-                    truncated(format!("bad line {line:?}: expected '{word} DEVICE BYTES'"))
+                    bad(format!("bad line {line:?}: expected '{word} DEVICE BYTES'"))
                 })?;
                 let d = devices.entry(device).or_default();
                 let at = d.window.events.len();
@@ -273,7 +325,7 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
                     "warm" => Kind::Warm,
                     "state" => Kind::StateOnly,
                     other => {
-                        return Err(truncated(format!(
+                        return Err(bad(format!(
                             "unknown kind {other:?}: expected fresh, partial, warm or state"
                         )));
                     }
@@ -283,10 +335,10 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
                 seeded = rest
                     .trim()
                     .parse()
-                    .map_err(|_| truncated(format!("bad line {line:?}: expected 'seeded N'")))?;
+                    .map_err(|_| bad(format!("bad line {line:?}: expected 'seeded N'")))?;
             }
             _ => {
-                return Err(truncated(format!(
+                return Err(bad(format!(
                     "unknown record {word:?}: expected a, f, site, reserved, reserved-peak, kind, seeded or a \
                      '#' comment"
                 )));
@@ -317,7 +369,7 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
     }
     let (events, _) = d.window.finish();
     let seeded = seeded + new_seeds;
-    Ok(Trace {
+    let trace = Trace {
         name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -329,7 +381,8 @@ pub(crate) fn read_from(path: &Path, mut input: Box<dyn BufRead + '_>) -> Result
         events,
         sites,
         native,
-    })
+    };
+    Ok((trace, warnings))
 }
 
 /// Replaces line breaks so a site text stays on its line.
@@ -339,19 +392,26 @@ fn one_line(s: &str) -> String {
 
 /// Writes `trace` to `path` (gzip when the name ends in `.gz`). Ids are written as they are:
 /// unique per allocation, so reading the file back gives the same events.
+///
+/// The file is replaced atomically ([`crate::atomic_file`]): a write that fails (a full disk) or
+/// a process killed part-way leaves the old file as it was.
 pub fn write(trace: &Trace, path: &Path) -> Result<()> {
     let fail = |e: io::Error| Error::Trace(format!("cannot write trace {}: {e}", path.display()));
-    let file = File::create(path).map_err(fail)?;
     let gz = path.extension().is_some_and(|e| e == "gz");
-    let mut out: Box<dyn Write> = if gz {
-        Box::new(BufWriter::new(GzEncoder::new(file, Compression::default())))
-    } else {
-        Box::new(BufWriter::new(file))
-    };
-    write_body(trace, &mut out).map_err(fail)?;
-    out.flush().map_err(fail)?;
-    drop(out); // finishes the gzip stream
-    Ok(())
+    crate::atomic_file::write(path, |file| {
+        if gz {
+            let mut out = BufWriter::new(GzEncoder::new(file, Compression::default()));
+            write_body(trace, &mut out)?;
+            // `finish` writes the gzip trailer and reports its error (a drop would ignore it).
+            out.into_inner()
+                .map_err(io::IntoInnerError::into_error)?
+                .finish()?;
+        } else {
+            write_body(trace, file)?;
+        }
+        Ok(())
+    })
+    .map_err(fail)
 }
 
 fn write_body(trace: &Trace, out: &mut dyn Write) -> io::Result<()> {

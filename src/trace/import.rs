@@ -63,18 +63,40 @@ fn read_err(name: &str, e: std::io::Error) -> Error {
 /// stream first; a pickle (`PROTO` opcode 0x80, or a protocol 0/1 dict, list or global ending in
 /// `STOP`) → PyTorch snapshot; `Thread,Time,Action` → RMM CSV; `torch-arena-trace` → our own
 /// format. Errors name the file and, for corrupt input, the byte offset or line.
+///
+/// A `torch-arena-trace` recording that was cut off is read up to its last complete line, and a
+/// warning saying what was dropped is logged ([`load_with_warnings`] returns it instead).
 pub fn load(path: &Path) -> Result<Trace> {
+    let (trace, warnings) = load_with_warnings(path)?;
+    super::format::log_warnings(&warnings);
+    Ok(trace)
+}
+
+/// [`load`], and the warnings about what a reader dropped (the incomplete end of a recording cut
+/// off), for the caller to show.
+pub fn load_with_warnings(path: &Path) -> Result<(Trace, Vec<String>)> {
     let name = path.display().to_string();
     let (mut input, most) = open_sized(path)?;
     let mut head = Vec::with_capacity(SNIFF_BYTES);
-    (&mut input)
-        .take(SNIFF_BYTES as u64)
-        .read_to_end(&mut head)
-        .map_err(|e| read_err(&name, e))?;
+    // A gzip stream cut short within its first bytes: keep what it held (a recording cut off
+    // early is still read up to its last complete line), and hand the reader the same error.
+    let mut cut = None;
+    if let Err(e) = (&mut input).take(SNIFF_BYTES as u64).read_to_end(&mut head) {
+        if e.kind() != std::io::ErrorKind::UnexpectedEof {
+            return Err(read_err(&name, e));
+        }
+        cut = Some(e);
+    }
     let text_start = head.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&head);
     if text_start.starts_with(b"torch-arena-trace") {
-        let chained: Box<dyn BufRead> = Box::new(Cursor::new(head).chain(input));
+        let chained: Box<dyn BufRead> = match cut {
+            Some(e) => Box::new(Cursor::new(head).chain(BufReader::new(Failing(Some(e))))),
+            None => Box::new(Cursor::new(head).chain(input)),
+        };
         return super::format::read_from(path, chained);
+    }
+    if let Some(e) = cut {
+        return Err(read_err(&name, e));
     }
     let is_rmm = text_start.starts_with(b"Thread,Time,Action");
     if !is_rmm && !may_be_pickle(&head) {
@@ -87,13 +109,23 @@ pub fn load(path: &Path) -> Result<Trace> {
     input
         .read_to_end(&mut data)
         .map_err(|e| read_err(&name, e))?;
-    if is_rmm {
+    let trace = if is_rmm {
         let text_start = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&data);
         super::rmm::from_bytes(&name, text_start)
     } else if is_pickle(&data) {
         super::torch_snapshot::from_bytes(&name, &data)
     } else {
         Err(not_a_trace(&name, &data))
+    };
+    trace.map(|t| (t, Vec::new()))
+}
+
+/// A reader that fails once with the error it holds, then reads as empty.
+struct Failing(Option<std::io::Error>);
+
+impl Read for Failing {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        self.0.take().map_or(Ok(0), Err)
     }
 }
 

@@ -116,18 +116,23 @@ fn site_name(trace: &Trace, site: u32) -> String {
     }
 }
 
-/// A table for people: the `top` sites by live bytes, with their share and count.
+/// A table for people: the `top` sites by live bytes (as `1.50 GiB`, the crate's one byte
+/// formatter), with their share and count.
 pub fn render(set: &LiveSet, top: usize) -> String {
+    let bytes = crate::stats::summary::human_bytes;
+    let n = |count: u64, one: &str, many: &str| {
+        format!("{count} {}", if count == 1 { one } else { many })
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "live after {} event(s): {} bytes in {} allocation(s) at {} site(s)",
-        set.events_applied,
-        set.bytes,
-        set.count,
-        set.sites.len()
+        "live after {}: {} in {} at {}",
+        n(set.events_applied as u64, "event", "events"),
+        bytes(set.bytes),
+        n(set.count, "allocation", "allocations"),
+        n(set.sites.len() as u64, "site", "sites")
     );
-    let _ = writeln!(out, "{:>16} {:>6} {:>8}  site", "bytes", "share", "count");
+    let _ = writeln!(out, "{:>11} {:>6} {:>8}  site", "bytes", "share", "count");
     for s in set.sites.iter().take(top) {
         let share = if set.bytes == 0 {
             0.0
@@ -136,12 +141,17 @@ pub fn render(set: &LiveSet, top: usize) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>16} {:>5.1}% {:>8}  {}",
-            s.bytes, share, s.count, s.name
+            "{:>11} {:>5.1}% {:>8}  {}",
+            bytes(s.bytes),
+            share,
+            s.count,
+            s.name
         );
     }
     if set.sites.len() > top {
-        let _ = writeln!(out, "... and {} more site(s)", set.sites.len() - top);
+        let hidden = (set.sites.len() - top) as u64;
+        let what = if hidden == 1 { "site" } else { "sites" };
+        let _ = writeln!(out, "... and {hidden} more {what}");
     }
     out
 }
@@ -259,7 +269,7 @@ mod tests {
         let text = render(&set, 2);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
-            lines[0].contains("900 bytes in 6 allocation(s) at 3 site(s)"),
+            lines[0] == "live after 6 events: 900 B in 6 allocations at 3 sites",
             "{text}"
         );
         assert!(
@@ -267,7 +277,17 @@ mod tests {
             "{text}"
         );
         assert!(lines[3].ends_with("train.py:10 in forward"), "{text}");
-        assert_eq!(lines[4], "... and 1 more site(s)");
+        assert_eq!(lines[4], "... and 1 more site");
+        // Bytes for people: 1.50 GiB, not 1610612736.
+        let mut big = set.clone();
+        big.bytes = 3 << 29;
+        big.sites[0].bytes = 3 << 29;
+        let text = render(&big, 1);
+        assert!(text.contains(": 1.50 GiB in 6 allocations"), "{text}");
+        assert!(
+            text.lines().nth(2).unwrap().starts_with("   1.50 GiB"),
+            "{text}"
+        );
         let j = to_json(&set, 2);
         assert!(
             j.starts_with(

@@ -23,7 +23,7 @@ pub mod torch_snapshot;
 pub mod training;
 
 mod import;
-pub use import::load;
+pub use import::{load, load_with_warnings};
 
 /// Whether an event hands out or gives back memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

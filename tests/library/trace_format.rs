@@ -142,20 +142,108 @@ fn garbage_and_bad_lines_name_file_and_line() {
     assert!(e.contains(":1: empty file"), "{e}");
 }
 
+/// A recording cut off mid-line (issue 37 item 6: the process killed, the disk full) is read up
+/// to its last complete line, with a warning naming what was dropped, at every byte of the cut
+/// last line; a bad line that is complete is still an error naming its line. Seen failing before
+/// the fix: every cut file was refused whole.
 #[test]
-fn truncated_files_name_the_line() {
+fn a_cut_off_recording_reads_its_complete_lines_and_warns() {
+    let full = tmp("cut-full.trace");
+    format::write(&synth::rmm_random(40, 1 << 20, 1), &full).unwrap();
+    let text = std::fs::read(&full).unwrap();
+    let last = text[..text.len() - 1]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .unwrap()
+        + 1;
+    let lines_before = text[..last].iter().filter(|&&b| b == b'\n').count();
+    let whole = format::read(&full).unwrap();
+    let before = {
+        let p = tmp("cut-before.trace");
+        std::fs::write(&p, &text[..last]).unwrap();
+        format::read(&p).unwrap()
+    };
+    assert_eq!(before.events.len() + 1, whole.events.len());
+    let p = tmp("cut.trace");
+    for keep in last..text.len() {
+        std::fs::write(&p, &text[..keep]).unwrap();
+        let (t, warnings) = format::read_with_warnings(&p)
+            .unwrap_or_else(|e| panic!("cut after {keep} bytes: {e}"));
+        assert_eq!(t.events, before.events, "cut after {keep} bytes");
+        if keep == last {
+            assert!(warnings.is_empty(), "{warnings:?}");
+        } else {
+            assert_eq!(warnings.len(), 1, "{warnings:?}");
+            let w = &warnings[0];
+            for s in [
+                format!("cut.trace:{}:", lines_before + 1),
+                "the trace was cut off".to_string(),
+                format!(
+                    "1 incomplete line at the end ({} bytes, no newline)",
+                    keep - last
+                ),
+                format!("the {lines_before} complete lines before it"),
+            ] {
+                assert!(w.contains(&s), "lacks {s:?}: {w}");
+            }
+        }
+        // `load` (content sniffing) reads it the same way.
+        assert_eq!(trace_load(&p).events, before.events);
+    }
+
+    // A gzip stream cut anywhere after its first line: the lines it held in full are read.
+    let gz = tmp("cut-full.trace.gz");
+    let big = synth::rmm_random(3000, 1 << 20, 1);
+    format::write(&big, &gz).unwrap();
+    let bytes = std::fs::read(&gz).unwrap();
+    let whole = format::read(&gz).unwrap();
+    let cut = tmp("cut.trace.gz");
+    for keep in [
+        300,
+        bytes.len() / 2,
+        bytes.len() * 3 / 4,
+        bytes.len() - 9,
+        bytes.len() - 1,
+    ] {
+        std::fs::write(&cut, &bytes[..keep]).unwrap();
+        let (t, warnings) = format::read_with_warnings(&cut)
+            .unwrap_or_else(|e| panic!("gzip cut after {keep} bytes: {e}"));
+        assert!(t.events.len() <= whole.events.len());
+        assert_eq!(
+            t.events[..],
+            whole.events[..t.events.len()],
+            "cut after {keep}"
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("the gzip stream ends early")
+                && warnings[0].contains("cut.trace.gz:"),
+            "{}",
+            warnings[0]
+        );
+        assert_eq!(trace_load(&cut).events, t.events);
+    }
+    std::fs::write(&cut, &bytes[..bytes.len() - 1]).unwrap();
+    assert_eq!(format::read(&cut).unwrap().events, whole.events);
+
+    // A complete line that does not parse is an error naming it, in the middle or at the end;
+    // so is a cut header (nothing to read).
     let e = read_err(
-        "trunc.trace",
-        b"torch-arena-trace 1\na 0x10 4096 0 0 1\nf 0x10 40",
+        "bad-middle.trace",
+        b"torch-arena-trace 1\na 0x10 4096 0 0 1\nf 0x10 40\na 0x20 1 0 0 2\n",
     );
-    assert!(e.contains(":3:") && e.contains("truncated"), "{e}");
-    // A gzip stream cut short.
-    let p = tmp("full.trace.gz");
-    format::write(&synth::rmm_random(3000, 1 << 20, 1), &p).unwrap();
-    let gz = std::fs::read(&p).unwrap();
-    let e = read_err("trunc.trace.gz", &gz[..gz.len() / 2]);
-    assert!(e.contains("truncated"), "{e}");
-    assert!(e.contains(".gz:"), "{e}");
+    assert!(e.contains(":3:") && e.contains("'f' needs"), "{e}");
+    let e = read_err(
+        "bad-last.trace",
+        b"torch-arena-trace 1\na 0x10 4096 0 0 1\nf 0x10 40\n",
+    );
+    assert!(e.contains(":3:"), "{e}");
+    let e = read_err("cut-header.trace", b"torch-arena-t");
+    assert!(e.contains(":1:"), "{e}");
+}
+
+fn trace_load(p: &std::path::Path) -> Trace {
+    torch_arena::trace::load(p).unwrap()
 }
 
 #[test]

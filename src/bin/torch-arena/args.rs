@@ -319,13 +319,13 @@ impl TraceArg {
                 let loaded = std::fs::create_dir(&dir)
                     .and_then(|()| std::fs::write(&file, bytes))
                     .map_err(|e| format!("{name}: cannot write it to {}: {e}", dir.display()))
-                    .and_then(|()| tr::load(&file).map_err(|e| format!("{name}: {e}")));
+                    .and_then(|()| load_warning(&file).map_err(|e| format!("{name}: {e}")));
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut t = loaded?;
                 t.name = name.to_string();
                 Ok(t)
             }
-            TraceArg::File(p) => tr::load(p).map_err(|e| {
+            TraceArg::File(p) => load_warning(p).map_err(|e| {
                 let m = e.to_string();
                 let shown = p.display().to_string();
                 if m.contains(&shown) {
@@ -336,4 +336,14 @@ impl TraceArg {
             }),
         }
     }
+}
+
+/// Loads a trace file; a warning about what the reader dropped (the end of a recording cut off
+/// mid-line) goes to stderr.
+fn load_warning(path: &Path) -> torch_arena::error::Result<Trace> {
+    let (trace, warnings) = tr::load_with_warnings(path)?;
+    for w in warnings {
+        errln!("torch-arena: warning: {w}");
+    }
+    Ok(trace)
 }

@@ -17,7 +17,7 @@ pub(crate) fn convert_command(args: &[String]) -> CliResult<u8> {
             Item::Opt(name, inline) => match name.as_str() {
                 "-o" | "--output" => out = Some(PathBuf::from(cur.value(&name, inline)?)),
                 "-h" | "--help" => {
-                    print!("{USAGE}");
+                    out!("{USAGE}")?;
                     return Ok(0);
                 }
                 _ => return Err(cur.unknown(&name)),
@@ -34,14 +34,14 @@ pub(crate) fn convert_command(args: &[String]) -> CliResult<u8> {
     };
     let trace = TraceArg::parse(&input)?.load()?;
     write_trace(&trace, &out)?;
-    println!(
+    outln!(
         "wrote {}: the {} trace {input}, {} events ({} seeded), peak requested {}",
         out.display(),
         trace.kind.as_str(),
         fmt_count(trace.events.len() as u64),
         fmt_count(trace.seeded as u64),
         fmt_bytes(trace.peak_requested())
-    );
+    )?;
     Ok(0)
 }
 

@@ -59,8 +59,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
                 timing.push((name, v));
             }
             "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(0);
+                return out!("{USAGE}").map(|()| 0);
             }
             _ => return Err(cur.unknown(&name)),
         }
@@ -128,11 +127,11 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
             fmt_bytes(s.capacity)
         )
     };
-    println!("{}", wrap(&intro, 96));
-    println!();
-    print_outcome(&s, &o);
+    outln!("{}", wrap(&intro, 96))?;
+    outln!()?;
+    print_outcome(&s, &o)?;
     if let Some(Ok(r)) = o.runs.first().map(|r| &r.outcome) {
-        println!("torch-arena in memory_summary terms:");
+        outln!("torch-arena in memory_summary terms:")?;
         let rows = [
             ("Requested memory, peak", fmt_bytes(r.peak_requested)),
             ("GPU reserved memory, peak", fmt_bytes(r.peak_reserved)),
@@ -153,7 +152,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
                 ),
             ),
             (
-                "Memory driver calls per step, steady state",
+                "Memory driver calls in the last replay step",
                 steady_calls(&r.steps),
             ),
             (
@@ -172,10 +171,10 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
             ),
         ];
         for (k, v) in rows {
-            println!("  {k:<50} {v:>22}");
+            outln!("  {k:<50} {v:>22}")?;
         }
-        println!();
-        println!("{}", wrap(&demo_reading(&s, &o, r), 96));
+        outln!()?;
+        outln!("{}", wrap(&demo_reading(&s, &o, r), 96))?;
     }
     if let Some(p) = &s.plot {
         let file = plot_path_for(p, &o.info.name);
@@ -269,12 +268,12 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
         return Err("demo runs on the simulated GPU: use --conf device:sim,...".into());
     }
     let arena = TorchArena::new(conf.clone());
-    println!("torch-arena demo: a transformer training loop modelled on a simulated GPU ({conf})");
-    println!();
-    println!(
-        " step | live tensors | allocated  | peak alloc | reserved   | peak resv  | frag   | time/op  \
-         | mem calls | driver time | created for: peak / layout"
-    );
+    outln!("torch-arena demo: a transformer training loop modelled on a simulated GPU ({conf})")?;
+    outln!()?;
+    outln!(
+        " step | live tensors |   allocated |  peak alloc |    reserved |   peak resv |   frag | \
+         time/op | mem calls | driver time | created for: peak / layout"
+    )?;
     let started = Instant::now();
     let mut workload = TrainingLoop::new(&arena).map_err(|e| e.to_string())?;
     let costs = DriverCosts::default();
@@ -296,15 +295,15 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
         let s = arena.stats(0).map_err(|e| e.to_string())?;
         let frag =
             1.0 - s.requested_bytes.all().peak as f64 / s.reserved_bytes.all().peak.max(1) as f64;
-        println!(
-            " {step:>4} | {:>12} | {:>10} | {:>10} | {:>10} | {:>10} | {:>5.1}% | {:>5} ns | {:>9} | {:>11} | {:>26}",
+        outln!(
+            " {step:>4} | {:>12} | {:>11} | {:>11} | {:>11} | {:>11} | {:>5.1}% | {:>7} | {:>9} | {:>11} | {:>26}",
             s.allocation.all().current,
-            mib(s.allocated_bytes.all().current),
-            mib(s.allocated_bytes.all().peak),
-            mib(s.reserved_bytes.all().current),
-            mib(s.reserved_bytes.all().peak),
+            bytes(s.allocated_bytes.all().current),
+            bytes(s.allocated_bytes.all().peak),
+            bytes(s.reserved_bytes.all().current),
+            bytes(s.reserved_bytes.all().peak),
             frag * 100.0,
-            t.elapsed().as_nanos() / ops.max(1) as u128,
+            fmt_ns(t.elapsed().as_nanos() as f64 / ops.max(1) as f64),
             fmt_count(calls.memory_calls()),
             fmt_secs(costs.seconds(&calls)),
             format!(
@@ -312,23 +311,29 @@ pub(crate) fn model_demo(steps: u32, conf_text: &str) -> CliResult<u8> {
                 fmt_count(grown.at_peak.handles),
                 fmt_count(grown.below_peak.handles)
             ),
-        );
+        )?;
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "mem calls: memory driver calls of the step (create, map, set access, unmap, release, \
          reserve); driver time: all its calls priced at the H200's measured latencies \
          (BENCHMARKS.md); created for: physical handles the step created for requests that \
          took the bytes requested to a new peak (growth any allocator needs there) / for \
          requests under the peak so far (layout). A warm native allocator makes no memory call \
          in a step that repeats its shapes."
-    );
-    println!();
-    print!("{}", arena.summary(0, false).map_err(|e| e.to_string())?);
-    println!("{steps} steps in {:.2} s", started.elapsed().as_secs_f64());
+    )?;
+    outln!()?;
+    out!("{}", arena.summary(0, false).map_err(|e| e.to_string())?)?;
+    outln!(
+        "{steps} step{} in {:.2} s",
+        if steps == 1 { "" } else { "s" },
+        started.elapsed().as_secs_f64()
+    )?;
     Ok(0)
 }
 
-pub(crate) fn mib(bytes: i64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+/// A memory_stats figure for the table: at most 11 characters (`1023.99 GiB`) whatever the size,
+/// so the columns stay aligned.
+pub(crate) fn bytes(n: i64) -> String {
+    fmt_bytes(u64::try_from(n).unwrap_or(0))
 }

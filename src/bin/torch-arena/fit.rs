@@ -77,10 +77,7 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
                     _ => progress = Some(false),
                 }
             }
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(0);
-            }
+            "-h" | "--help" => return out!("{USAGE}").map(|()| 0),
             _ => return Err(cur.unknown(&name)),
         }
     }
@@ -148,6 +145,7 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
     let next = Mutex::new(0usize);
     let (tx, rx) = mpsc::channel::<()>();
     let mut failed = false;
+    let mut write_error = None;
     std::thread::scope(|scope| {
         for _ in 0..s.jobs {
             let tx = tx.clone();
@@ -184,7 +182,13 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
                 match ready {
                     Some(r) => {
                         bar.clear();
-                        failed |= print_trace_fit(s, &traces[printed], r);
+                        match print_trace_fit(s, &traces[printed], r) {
+                            Ok(f) => failed |= f,
+                            Err(e) => {
+                                write_error = Some(e);
+                                break;
+                            }
+                        }
                         printed += 1;
                         if printed == n {
                             break;
@@ -193,12 +197,20 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
                     None => break,
                 }
             }
-            if printed == n || matches!(got, Err(mpsc::RecvTimeoutError::Disconnected)) {
+            let disconnected = matches!(got, Err(mpsc::RecvTimeoutError::Disconnected));
+            if printed == n || write_error.is_some() || disconnected {
                 break;
             }
         }
+        // Output is gone: the workers stop at their next trace.
+        if write_error.is_some() {
+            *next.lock().unwrap_or_else(|p| p.into_inner()) = n;
+        }
     });
-    Ok(if failed { 1 } else { 0 })
+    match write_error {
+        Some(e) => Err(e),
+        None => Ok(if failed { 1 } else { 0 }),
+    }
 }
 
 /// Load one trace and fit every allocator on it; one message on `tick` per allocator done.
@@ -249,47 +261,48 @@ fn best_native(fits: &[Fit]) -> Option<u64> {
         .min()
 }
 
-/// Print one trace's result (table or JSON line); returns whether it failed.
-fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> bool {
+/// Print one trace's result (table or JSON line); returns whether the trace failed, or the error
+/// writing to stdout.
+fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> CliResult<bool> {
     let t = match r {
         Ok(t) => t,
         Err(e) => {
             if s.json {
-                println!(
+                outln!(
                     "{}",
                     JsonObject::new()
                         .str("trace", &arg.name())
                         .str("path", &arg.text())
                         .str("error", &e)
                         .finish()
-                );
+                )?;
             } else {
-                eprintln!("torch-arena: {e}");
+                errln!("torch-arena: {e}");
             }
-            return true;
+            return Ok(true);
         }
     };
     let best = best_native(&t.fits);
     let peak = peak_requested(&t);
     if s.json {
-        println!("{}", fit_json(s, &t, best));
-        return false;
+        outln!("{}", fit_json(s, &t, best))?;
+        return Ok(false);
     }
-    println!(
+    outln!(
         "{}: {}, {} events; peak requested {}",
         t.info.name,
         source_name(t.info.source),
         fmt_count(t.info.events as u64),
         fmt_bytes(peak)
-    );
-    println!(
+    )?;
+    outln!(
         "  the smallest device on which {} with no out-of-memory (GPU lag {}), and the last step's cost there",
         match s.timing.repeat {
             1 => "one step runs".to_string(),
             n => format!("all {n} steps run"),
         },
         fmt_secs(s.timing.gpu_lag_ns as f64 / 1e9)
-    );
+    )?;
     let mut rows = vec![vec![
         "allocator".to_string(),
         "min capacity".into(),
@@ -319,10 +332,10 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> b
             conf_name(&f.conf).to_string(),
         ]);
     }
-    print_table(&rows);
-    println!("  (vs best native: bytes the setting needs less than the best native setting)");
-    println!();
-    false
+    print_table(&rows)?;
+    outln!("  (vs best native: bytes the setting needs less than the best native setting)")?;
+    outln!()?;
+    Ok(false)
 }
 
 /// `+1.25 GiB` less than the best native (saved), `-300.00 MiB` more, `0 B` the same.

@@ -12,8 +12,9 @@
 //! - `demo`: replay the training-loop trace the project ships and explain the result;
 //!   `demo --model` runs the modelled training loop directly (how that trace is recorded).
 //!
-//! Exit status: 0 when everything ran, 1 for bad usage, unreadable traces or unusable settings,
-//! 2 when a replay ran out of memory.
+//! Exit status: 0 when everything ran, 1 for bad usage, unreadable traces, unusable settings or
+//! output that cannot be written (one line on stderr, never a panic), 2 when a replay ran out
+//! of memory.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,36 @@ use torch_arena::trace::replay::{
 };
 use torch_arena::trace::training::TrainingLoop;
 use torch_arena::trace::{self as tr, Kind, Source, Trace, synth as lib_synth};
+
+/// `println!` for the command's output: a failed write to stdout (a full disk behind `>`, a
+/// closed descriptor) returns an error for `main` to report in one line, where `println!` would
+/// panic. Use as `outln!(...)?`.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` as [`outln!`] does it.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: when stderr itself cannot be written there is nowhere left to
+/// report it (the exit status still says whether the command succeeded).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("{}\n", format_args!($($arg)*)),
+        );
+    }};
+}
 
 mod args;
 mod convert;
@@ -118,8 +149,9 @@ replay options:
                     latencies of the driver calls, one `NAME = MICROSECONDS` per line (e.g.
                     cuMemCreate = 7.6; `NAME per GiB = MICROSECONDS` adds a term per GiB for
                     cuMemCreate, cuMemRelease, cuMemAlloc and cuMemFree); unnamed calls keep
-                    the defaults, measured on an H200 (bench/costs/h200.txt; the former A100
-                    defaults are bench/costs/a100.txt). The conf key
+                    the defaults, measured on an H200 (in a source checkout:
+                    bench/costs/h200.txt; the former A100 defaults: bench/costs/a100.txt).
+                    The conf key
                     driver_costs:FILE does the same for one --conf of a sweep
   --backing         back the simulated pages with host memory and check every live
                     allocation's bytes (slow: for small traces)
@@ -225,7 +257,8 @@ of 1000), e.g. 80GiB, 512MiB, 1.5GB.
 exit status:
   0   everything ran and nothing ran out of memory
   1   bad usage, a trace that cannot be read, or a setting that cannot be used (the message
-      names which); the other traces are still replayed
+      names which); the other traces are still replayed. Also a file or stdout that cannot be
+      written (a full disk): an output file is replaced only once written in full
   2   an arena replay ran out of memory (its report says where; the other replays still
       ran). The emulated native allocator running out is a result, not a failure
 ";
@@ -278,6 +311,18 @@ const DEMO_TRACE_NAME: &str = "demo-train.trace.gz";
 /// A failure: the message (without the `torch-arena: ` prefix), printed on stderr, exit 1.
 type CliResult<T> = Result<T, String>;
 
+/// Writes to stdout; an error becomes the command's failure (see [`outln!`]).
+fn write_stdout(args: std::fmt::Arguments<'_>) -> CliResult<()> {
+    std::io::stdout()
+        .lock()
+        .write_fmt(args)
+        .map_err(stdout_error)
+}
+
+fn stdout_error(e: std::io::Error) -> String {
+    format!("error writing to stdout: {e}")
+}
+
 fn main() -> ExitCode {
     // `torch-arena replay ... | head` should end quietly, as other commands do, rather than
     // panic on the closed pipe.
@@ -292,22 +337,26 @@ fn main() -> ExitCode {
         Some("convert") => convert_command(&args[1..]),
         Some("demo") => demo_command(&args[1..]),
         Some("fit") => fit_command(&args[1..]),
-        None | Some("help" | "-h" | "--help") => {
-            print!("{USAGE}");
-            Ok(0)
-        }
+        None | Some("help" | "-h" | "--help") => out!("{USAGE}").map(|()| 0),
         Some("--version" | "-V" | "version") => {
-            println!("torch-arena {}", env!("CARGO_PKG_VERSION"));
-            Ok(0)
+            outln!("torch-arena {}", env!("CARGO_PKG_VERSION")).map(|()| 0)
         }
         Some(other) => Err(format!(
             "unknown command '{other}'; commands: replay, fit, synth, convert, demo, help\n\n{USAGE}"
         )),
     };
+    // What is still buffered must reach stdout too, or the failure be reported (the flush at
+    // exit ignores errors).
+    let result = result.and_then(|code| {
+        std::io::stdout()
+            .flush()
+            .map_err(stdout_error)
+            .map(|()| code)
+    });
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("torch-arena: {e}");
+            errln!("torch-arena: {e}");
             ExitCode::FAILURE
         }
     }

@@ -323,7 +323,7 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
 }
 
 /// The table of one trace, the out-of-memory reports and notes on the trace's kind.
-pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
+pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<()> {
     let i = &o.info;
     let seeded = if i.seeded > 0 {
         format!(
@@ -333,7 +333,7 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "{}: {}, {} trace, {} events{seeded}, device {}; simulated GPU of {}",
         i.name,
         source_name(i.source),
@@ -341,8 +341,8 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
         fmt_count(i.events as u64),
         i.device,
         fmt_bytes(s.capacity)
-    );
-    println!("  {}", timing_line(&s.timing));
+    )?;
+    outln!("  {}", timing_line(&s.timing))?;
     let mut rows = vec![
         [
             "allocator",
@@ -424,9 +424,9 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
             }
         });
     }
-    print_table(&rows);
+    print_table(&rows)?;
     if s.timing.repeat > 1 {
-        print_steady_state(o);
+        print_steady_state(o)?;
     }
     if let Some(e) = &o.emulated
         && let Some(n) = e.result.oom_event
@@ -435,22 +435,22 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
             .oom_request
             .map(|(size, stream)| format!(": allocating {} on stream {stream}", fmt_bytes(size)))
             .unwrap_or_default();
-        println!();
-        println!(
+        outln!()?;
+        outln!(
             "  native (emulated) ran out of memory at event {} of {}{what}",
             fmt_count(n as u64),
             fmt_count(i.events as u64)
-        );
+        )?;
     }
     for run in &o.runs {
         match &run.outcome {
             Ok(r) => {
                 if let Some(oom) = &r.oom {
-                    println!();
-                    print_oom(&format!("arena ({})", conf_name(&run.label)), i, oom);
+                    outln!()?;
+                    print_oom(&format!("arena ({})", conf_name(&run.label)), i, oom)?;
                 }
             }
-            Err(e) => eprintln!("torch-arena: {e}"),
+            Err(e) => errln!("torch-arena: {e}"),
         }
     }
     let note = match i.kind {
@@ -468,27 +468,34 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) {
         }
     };
     if let Some(n) = note {
-        println!();
+        outln!()?;
         for line in wrap(&format!("note: {n}"), 94).lines() {
-            println!("  {line}");
+            outln!("  {line}")?;
         }
     }
-    println!();
+    outln!()
 }
 
-/// The settings of the timing model, in one line.
+/// The settings of the timing model, in one line. A replay step is one whole pass over the
+/// trace (not a step of the training the trace may have recorded).
 pub(crate) fn timing_line(t: &Timing) -> String {
+    let passes = if t.repeat == 1 {
+        "replayed once".to_string()
+    } else {
+        format!(
+            "replayed {} times in a row (replay steps 1–{}, each the whole trace)",
+            t.repeat, t.repeat
+        )
+    };
     format!(
-        "{} step{} of the trace; GPU lag {}; driver calls priced at {}",
-        t.repeat,
-        if t.repeat == 1 { "" } else { "s" },
+        "{passes}; GPU lag {}; driver calls priced at {}",
         fmt_secs(t.gpu_lag_ns as f64 / 1e9),
         t.costs.source
     )
 }
 
 /// Per allocator: memory driver calls and modelled driver time in the last step, beside the first.
-pub(crate) fn print_steady_state(o: &TraceOutcome) {
+pub(crate) fn print_steady_state(o: &TraceOutcome) -> CliResult<()> {
     let mut rows = vec![
         [
             "allocator",
@@ -521,50 +528,51 @@ pub(crate) fn print_steady_state(o: &TraceOutcome) {
             row(format!("arena ({})", conf_name(&run.label)), &r.steps);
         }
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "  steady state (memory calls: create, map, set access, unmap, release, reserve, alloc, free):"
-    );
-    print_table(&rows);
+    )?;
+    print_table(&rows)
 }
 
 /// The report of an arena out-of-memory: the failing request, what was live, what was cached.
-pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) {
-    println!(
+pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) -> CliResult<()> {
+    outln!(
         "  {who} ran out of memory at event {} of {}: allocating {} on stream {}",
         fmt_count(o.event as u64),
         fmt_count(i.events as u64),
         fmt_bytes(o.size),
         o.stream
-    );
-    println!(
+    )?;
+    outln!(
         "    live:     {} in {} allocations",
         fmt_bytes(o.live_bytes),
         fmt_count(o.live_count)
-    );
-    println!(
+    )?;
+    outln!(
         "    reserved: {}, of which cached (reserved, not allocated): {}",
         fmt_bytes(o.reserved),
         fmt_bytes(o.cached)
-    );
+    )?;
     if !o.largest_live.is_empty() {
-        println!("    largest live allocations:");
+        outln!("    largest live allocations:")?;
         for (bytes, site) in &o.largest_live {
             let site = if site.is_empty() {
                 "(unknown site)"
             } else {
                 site
             };
-            println!("      {:>12}  {site}", fmt_bytes(*bytes));
+            outln!("      {:>12}  {site}", fmt_bytes(*bytes))?;
         }
     }
     let mut lines = o.message.lines();
     if let Some(first) = lines.next() {
-        println!("    arena: {first}");
+        outln!("    arena: {first}")?;
         for l in lines {
-            println!("           {l}");
+            outln!("           {l}")?;
         }
     }
+    Ok(())
 }
 
 pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
@@ -608,10 +616,7 @@ pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
                     _ => progress = Some(false),
                 }
             }
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(0);
-            }
+            "-h" | "--help" => return out!("{USAGE}").map(|()| 0),
             _ => return Err(cur.unknown(&name)),
         }
     }
@@ -653,21 +658,21 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
             Ok(o) => {
                 if s.json {
                     for line in json_lines(s, &o) {
-                        println!("{line}");
+                        outln!("{line}")?;
                     }
                     for run in &o.runs {
                         if let Err(e) = &run.outcome {
-                            eprintln!("torch-arena: {e}");
+                            errln!("torch-arena: {e}");
                         }
                     }
                 } else {
-                    print_outcome(s, &o);
+                    print_outcome(s, &o)?;
                     if let Some((set, what)) = &o.live {
-                        println!("  live by site {what}:");
+                        outln!("  live by site {what}:")?;
                         for line in live::render(set, s.live).lines() {
-                            println!("    {line}");
+                            outln!("    {line}")?;
                         }
-                        println!();
+                        outln!()?;
                     }
                 }
                 failed |= o.runs.iter().any(|r| r.outcome.is_err());
@@ -676,7 +681,7 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
                     let p = panel(s, &o);
                     if let Some(pattern) = per_trace_plot {
                         if let Err(e) = write_plot(&plot_path_for(pattern, &o.info.name), &[p]) {
-                            eprintln!("torch-arena: {e}");
+                            errln!("torch-arena: {e}");
                             failed = true;
                         }
                     } else {
@@ -686,9 +691,9 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
                 }
             }
             Err(e) => {
-                eprintln!("torch-arena: {e}");
+                errln!("torch-arena: {e}");
                 if s.json {
-                    println!("{}", json_load_error(arg, &e));
+                    outln!("{}", json_load_error(arg, &e))?;
                 }
                 failed = true;
             }
@@ -712,7 +717,7 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
             plot::write_overview(Path::new(p), &title, &overview)
                 .map_err(|e| e.to_string())
                 .map(|()| {
-                    eprintln!(
+                    errln!(
                         "torch-arena: overview of {} traces written to {p} (one panel per trace: \
                          put {{trace}} in the file name)",
                         overview.len()
@@ -722,7 +727,7 @@ pub(crate) fn run_replays(s: &ReplaySettings, traces: &[TraceArg]) -> CliResult<
             write_plot(Path::new(p), &panels)
         };
         if let Err(e) = written {
-            eprintln!("torch-arena: {e}");
+            errln!("torch-arena: {e}");
             failed = true;
         }
     }

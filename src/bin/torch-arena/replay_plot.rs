@@ -184,7 +184,7 @@ pub(crate) fn plot_path_for(pattern: &str, trace_name: &str) -> PathBuf {
 
 pub(crate) fn write_plot(path: &Path, panels: &[Panel]) -> CliResult<()> {
     plot::write(path, panels).map_err(|e| e.to_string())?;
-    eprintln!("torch-arena: plot written to {}", path.display());
+    errln!("torch-arena: plot written to {}", path.display());
     Ok(())
 }
 

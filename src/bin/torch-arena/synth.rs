@@ -40,8 +40,7 @@ pub(crate) fn synth_command(args: &[String]) -> CliResult<u8> {
             "--seed" => seed = Some(parse_count("--seed", &cur.value(&name, inline)?)?),
             "-o" | "--output" => out = Some(PathBuf::from(cur.value(&name, inline)?)),
             "-h" | "--help" => {
-                print!("{USAGE}");
-                return Ok(0);
+                return out!("{USAGE}").map(|()| 0);
             }
             _ => return Err(cur.unknown(&name)),
         }
@@ -86,11 +85,11 @@ pub(crate) fn synth_command(args: &[String]) -> CliResult<u8> {
     };
     let trace = spec.build();
     write_trace(&trace, &out)?;
-    println!(
+    outln!(
         "wrote {}: {} events, peak requested {}",
         out.display(),
         fmt_count(trace.events.len() as u64),
         fmt_bytes(trace.peak_requested())
-    );
+    )?;
     Ok(0)
 }

@@ -117,7 +117,7 @@ pub(crate) fn nb(s: String) -> String {
 
 /// Print `rows` as a table: first row the header, first column left-aligned, the others
 /// right-aligned except the last (a free-text note).
-pub(crate) fn print_table(rows: &[Vec<String>]) {
+pub(crate) fn print_table(rows: &[Vec<String>]) -> CliResult<()> {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -141,10 +141,11 @@ pub(crate) fn print_table(rows: &[Vec<String>]) {
             }
             line.push_str("  ");
         }
-        println!("{}", line.trim_end());
+        outln!("{}", line.trim_end())?;
         if i == 0 {
             let total: usize = widths.iter().sum::<usize>() + 2 * cols;
-            println!("  {}", "-".repeat(total.saturating_sub(2)));
+            outln!("  {}", "-".repeat(total.saturating_sub(2)))?;
         }
     }
+    Ok(())
 }

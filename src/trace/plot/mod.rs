@@ -145,7 +145,7 @@ pub fn write(path: &Path, panels: &[Panel]) -> Result<()> {
         Format::Svg => svg(panels).into_bytes(),
         Format::Png => png(panels),
     };
-    std::fs::write(path, bytes)
+    crate::atomic_file::write(path, |w| w.write_all(&bytes))
         .map_err(|e| Error::Trace(format!("cannot write plot '{}': {e}", path.display())))
 }
 

@@ -271,6 +271,6 @@ pub fn write_overview(path: &Path, title: &str, rows: &[OverviewRow]) -> Result<
         Format::Svg => overview_svg(title, rows).into_bytes(),
         Format::Png => overview_png(title, rows),
     };
-    std::fs::write(path, bytes)
+    crate::atomic_file::write(path, |w| w.write_all(&bytes))
         .map_err(|e| Error::Trace(format!("cannot write plot '{}': {e}", path.display())))
 }
