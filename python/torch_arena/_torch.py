@@ -503,11 +503,19 @@ def _enable_locked(conf: str | None) -> None:
 
 
 def _cuda_devices() -> list[int]:
-    """The devices torch-arena served (none when CUDA never initialised)."""
+    """The devices torch-arena may have served: every simulated device (``device:sim``, where
+    torch's CUDA never initialises and the memory comes from torch_arena's own calls), else
+    every CUDA device once CUDA initialised (none before: no CUDA memory was allocated, and a
+    report would open a device at exit)."""
     import torch
 
+    from . import _capture
+
+    items = _capture.conf()
+    if items.get("device") == "sim":
+        return list(range(max(1, _capture.conf_int(items, "sim_devices", 1))))
     if not torch.cuda.is_initialized():
-        return []  # no CUDA memory was ever allocated
+        return []
     return list(range(torch.cuda.device_count()))
 
 
