@@ -358,3 +358,22 @@ def test_no_oom_snapshot_unless_asked(tmp_path):
 def test_device_buffer_refuses_sizes_beyond_size_t_too():
     with pytest.raises(OverflowError, match="size_t"):
         DeviceBuffer(2**64 + 4096)
+
+
+def test_a_fractional_count_per_step_is_printed_to_two_decimals():
+    # 8 allocations over 13 steps printed as "0.615385 allocation(s) per step".
+    from torch_arena._render import render
+
+    site = {
+        "site": 1,
+        "frames": [],
+        "bytes_per_step": 8 * MiB / 13,
+        "count_per_step": 8 / 13,
+        "first_step": 2,
+        "live_bytes": 8 * MiB,
+        "live_count": 8,
+    }
+    text = render({"kind": "growth", "growing": [site], "steps_observed": 13})
+    assert "(0.62 allocation(s) per step)" in text, text
+    site["count_per_step"] = 3.0
+    assert "(3 allocation(s) per step)" in render({"kind": "growth", "growing": [site]})
