@@ -332,8 +332,14 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
 def caching_allocator_delete(mem_ptr: int) -> None:
     """Free a pointer :func:`caching_allocator_alloc` returned, like
     ``torch.cuda.caching_allocator_delete``. 0 does nothing; a pointer not from
-    caching_allocator_alloc (or already freed) raises ValueError."""
-    if not mem_ptr:
+    caching_allocator_alloc (or already freed) raises ValueError, anything but an int
+    TypeError (an empty list once passed as "nothing to free")."""
+    if isinstance(mem_ptr, bool) or not isinstance(mem_ptr, int):
+        raise TypeError(
+            f"caching_allocator_delete: mem_ptr must be an int (a pointer from "
+            f"caching_allocator_alloc, or 0), not {type(mem_ptr).__name__} {mem_ptr!r}"
+        )
+    if mem_ptr == 0:
         return
     entry = _raw.pop(mem_ptr, None)
     if entry is None:

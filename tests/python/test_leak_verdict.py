@@ -7,6 +7,7 @@ import gc
 import importlib
 import inspect
 import math
+import os
 import re
 import sys
 import threading
@@ -345,6 +346,27 @@ def test_an_oom_caught_and_recovered_from_still_leaves_the_snapshot_of_that_mome
     assert "RECOVERED True" in proc.stdout
     (written,) = list(tmp_path.glob("torch-arena-oom-0-*.pickle"))
     assert written.stat().st_size > 0
+
+
+@pytest.mark.parametrize("where", ["missing/oom.pickle", "/dev/full"])
+def test_an_oom_snapshot_that_cannot_be_written_says_so_in_the_message(tmp_path, where):
+    # It once failed silently: the observer's exception was swallowed, the message said nothing.
+    from conftest import run_python
+
+    if where == "/dev/full" and not os.path.exists(where):
+        pytest.skip("no /dev/full here")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    proc = run_python(
+        OOM_SCRIPT,
+        tmp_path,
+        TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64",
+        TORCH_ARENA_OOM_SNAPSHOT=path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (message,) = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+    assert message.startswith("MESSAGE CUDA out of memory."), message
+    assert f"could not be written to {path}: " in message, message
+    assert not list(tmp_path.glob("**/*.pickle"))
 
 
 def test_no_oom_snapshot_unless_asked(tmp_path):
