@@ -38,6 +38,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -240,6 +241,16 @@ def empty_cache() -> None:
     """Give every cached, unused page of every device back to the driver, as
     ``torch.cuda.empty_cache()`` does. Returns None; :func:`defragment` reports figures."""
     _native.empty_cache_report()
+
+
+@_public
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Cap the bytes ``device``'s arena may reserve at ``fraction`` (in (0, 1]) of the device's
+    memory, like ``torch.cuda.set_per_process_memory_fraction`` (same signature). Cached pages
+    above a lowered cap are released; a request beyond the cap fails as out of memory. Under
+    torch-arena on a GPU, torch's own function reaches the same hook; on the simulated device
+    (where torch's CUDA never starts) :func:`torch_arena.enable` points torch's at this one."""
+    _native.set_memory_fraction(fraction, _device_index(device))
 
 
 @_public

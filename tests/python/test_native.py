@@ -61,6 +61,7 @@ def test_the_public_api_is_complete():
         "reset_accumulated_memory_stats",
         "reset_max_memory_allocated",
         "reset_peak_memory_stats",
+        "set_per_process_memory_fraction",
         "enable",
         "is_enabled",
         "pool",
