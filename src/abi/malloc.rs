@@ -93,7 +93,9 @@ unsafe fn try_malloc_in(
                 fail
             };
             if fail.code == TORCH_ARENA_ERR_OOM {
-                WARN_OOM.report(&fail.msg);
+                // One line: the observer's note is on a line of its own in the error, which the
+                // log would print as a literal `\n` (it escapes line breaks in a record).
+                WARN_OOM.report(&fail.msg.replace('\n', " "));
             } else if !logged {
                 ERROR_MALLOC.report(&fail.msg);
             }

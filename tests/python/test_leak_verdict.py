@@ -316,6 +316,9 @@ def test_an_oom_writes_a_snapshot_and_the_message_names_it(tmp_path):
     (message,) = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
     assert message.startswith("MESSAGE CUDA out of memory. Tried to allocate"), message
     assert f"written to {written}" in message, message
+    # The warning on stderr is one line: the note once followed a literal "\n".
+    (warning,) = [line for line in proc.stderr.splitlines() if "out of memory #1" in line]
+    assert "\\n" not in warning and "Live allocations: 3. torch-arena: a memory" in warning
     import pickle
 
     snap = pickle.loads(written.read_bytes())
