@@ -538,7 +538,7 @@ pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) {
         fmt_count(o.live_count)
     );
     println!(
-        "    reserved: {}, of which cached (reserved, not allocated): {}",
+        "    reserved: {}, of which cached (idle pages, usable by any request): {}",
         fmt_bytes(o.reserved),
         fmt_bytes(o.cached)
     );
