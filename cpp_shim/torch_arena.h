@@ -214,11 +214,17 @@ int torch_arena_pool_end(int device, uint64_t id0, uint64_t id1) TORCH_ARENA_NOE
 
 /** One use of the pool ends (a graph was reset or destroyed). With none left, its memory returns
  *  to general use as it becomes free, once a device-wide synchronisation (empty_cache, the
- *  out-of-memory path) proves that its graphs no longer run. */
+ *  out-of-memory path) proves that its graphs no longer run. Releasing the last use of a pool
+ *  that is recording also ends its recording (a released pool takes no new memory): a later
+ *  torch_arena_pool_end of it fails, and torch_arena_try_malloc_pool for it gets general
+ *  memory. */
 int torch_arena_pool_release(int device, uint64_t id0, uint64_t id1) TORCH_ARENA_NOEXCEPT;
 
-/** torch_arena_try_malloc from pool (id0, id1), which must be recording (else
- *  TORCH_ARENA_ERR_OTHER). */
+/** torch_arena_try_malloc from pool (id0, id1) while it is recording. For a pool that is not
+ *  recording (never begun, ended, or released) it does not fail: it serves general memory, as
+ *  torch_arena_try_malloc does, because the shim's filter may accept a stream just before
+ *  another thread ends the capture, and that allocation is then not part of it. Check with
+ *  torch_arena_pool_of where a block went. */
 int torch_arena_try_malloc_pool(size_t size, int device, void* stream, uint64_t id0, uint64_t id1,
                                 void** out) TORCH_ARENA_NOEXCEPT;
 

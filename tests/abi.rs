@@ -473,3 +473,46 @@ fn config_reads_back_the_configuration_in_force() {
     // snprintf style: the length without a buffer.
     assert_eq!(unsafe { torch_arena_config(std::ptr::null_mut(), 0) }, n);
 }
+
+/// What the header promises for a pool that is not recording: torch_arena_try_malloc_pool serves
+/// general memory (it once said it failed), and releasing a recording pool's last use ends its
+/// recording.
+#[test]
+fn try_malloc_pool_off_recording_gives_general_memory_and_release_ends_recording() {
+    let _g = setup();
+    let pool_of = |p: *mut c_void| unsafe {
+        torch_arena_pool_of(p, 0, std::ptr::null_mut(), std::ptr::null_mut())
+    };
+    let malloc_pool = |id0: u64| {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let rc =
+            unsafe { torch_arena_try_malloc_pool(4096, 0, std::ptr::null_mut(), id0, 0, &mut p) };
+        assert_eq!(rc, TORCH_ARENA_OK, "{}", last_error());
+        p
+    };
+    // Never begun.
+    let a = malloc_pool(9001);
+    assert_eq!(pool_of(a), 0);
+    // Recording, then its last use released while it records.
+    assert_eq!(torch_arena_pool_begin(0, 9002, 0), TORCH_ARENA_OK);
+    let b = malloc_pool(9002);
+    assert_eq!(pool_of(b), 1);
+    assert_eq!(torch_arena_pool_release(0, 9002, 0), TORCH_ARENA_OK);
+    let mut info = TorchArenaPoolInfo::default();
+    assert_eq!(
+        unsafe { torch_arena_pool_info(0, 9002, 0, &mut info) },
+        TORCH_ARENA_OK
+    );
+    assert_eq!((info.recording, info.released), (0, 1));
+    let c = malloc_pool(9002);
+    assert_eq!(pool_of(c), 0, "a released pool takes no new memory");
+    assert_ne!(torch_arena_pool_end(0, 9002, 0), TORCH_ARENA_OK);
+    assert!(last_error().contains("not recording"), "{}", last_error());
+    for p in [a, b, c] {
+        assert_eq!(
+            torch_arena_try_free(p, 4096, 0, std::ptr::null_mut()),
+            TORCH_ARENA_OK
+        );
+    }
+    torch_arena_empty_cache();
+}

@@ -1335,7 +1335,12 @@ fn a_full_stdout_is_one_line_of_error_and_exit_1() {
         &["demo", "--no-progress", "--repeat", "1"],
         &["demo", "--model", "--steps", "1"],
         &["fit", "--no-progress", "synth:rmm-random:100:1MiB"],
-        &["fit", "--no-progress", "--json", "synth:rmm-random:100:1MiB"],
+        &[
+            "fit",
+            "--no-progress",
+            "--json",
+            "synth:rmm-random:100:1MiB",
+        ],
         &["synth", "adversarial", "-o", synth_out.to_str().unwrap()],
         &["--help"],
         &["--version"],

@@ -54,6 +54,7 @@ from .stats import (
     reset_accumulated_memory_stats,
     reset_max_memory_allocated,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
 
 __version__ = _library_version()
@@ -100,6 +101,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
     "snapshot",
     "step",
     "tag",

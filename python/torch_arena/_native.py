@@ -24,6 +24,7 @@ its own.
 import ctypes
 import glob
 import logging
+import operator
 import os
 import re
 from collections.abc import Callable
@@ -333,6 +334,34 @@ def _check(code: int, call: str) -> None:
         raise _error(code, call)
 
 
+# The ranges of the C types the exports take. ctypes keeps only the low bits of a Python int
+# that does not fit (2**64 became device 0, every=-1 became 2**64 - 1), so every int is checked
+# here first, naming the argument, the value and the range.
+C_INT_MAX = 2**31 - 1
+U64_MAX = 2**64 - 1
+
+
+def _int(call: str, name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi]; TypeError for a non-int (bool included), ValueError
+    out of range."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{call}: {name} must be an int from {lo} to {hi}, not {value!r}")
+    value = operator.index(value)
+    if not lo <= value <= hi:
+        raise ValueError(f"{call}: {name} {value} is out of range: expected {lo} to {hi}")
+    return value
+
+
+def _device(call: str, device: Any) -> int:
+    return _int(call, "device", device, 0, C_INT_MAX)
+
+
+def _text(call: str, name: str, value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"{call}: {name} must be a str, not {type(value).__name__} {value!r}")
+    return value.encode()
+
+
 # ---------------------------------------------------------------------------------------------
 # Configuration.
 
@@ -347,7 +376,8 @@ def configure(conf: str | None = None) -> None:
     """
     global _installed_conf
     text = os.environ.get("TORCH_ARENA_CONF", "") if conf is None else conf
-    _check(_lib.torch_arena_configure(text.encode()), "torch_arena_configure")
+    data = _text("configure", "conf (a TORCH_ARENA_CONF text, or None)", text)
+    _check(_lib.torch_arena_configure(data), "torch_arena_configure")
     _installed_conf = text
 
 
@@ -388,7 +418,8 @@ def conf_items(text: str) -> dict[str, str]:
 
 def check_config(conf: str) -> None:
     """Validate a configuration text without installing it; ValueError says what is wrong."""
-    _check(_lib.torch_arena_check_config(conf.encode()), "torch_arena_check_config")
+    data = _text("check_config", "conf", conf)
+    _check(_lib.torch_arena_check_config(data), "torch_arena_check_config")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,10 +431,11 @@ def try_malloc(size: int, device: int, stream: int = 0) -> int:
     default stream); the pointer as an int (0 for size 0). OutOfMemoryError when the request
     cannot be met; ValueError for a bad configuration or device."""
     # ctypes keeps only the low bits of a too-large int: refuse rather than truncate.
-    if not 0 <= size < 2**64:
+    if isinstance(size, int) and not 0 <= size < 2**64:
         raise OverflowError(f"size {size} does not fit in a size_t: a request is 0 to 2**64 - 1")
-    if not 0 <= device < 2**31:
-        raise ValueError(f"device index {device} is out of range (0 to 2**31 - 1)")
+    size = _int("try_malloc", "size", size, 0, U64_MAX)
+    device = _device("try_malloc", device)
+    stream = _int("try_malloc", "stream", stream or 0, 0, U64_MAX)
     out = _c_ptr()
     code = _lib.torch_arena_try_malloc(size, device, stream or None, ctypes.byref(out))
     if code == OK:
@@ -421,6 +453,10 @@ def try_free(ptr: int, size: int, device: int, stream: int = 0) -> None:
     """Free ``ptr`` (0: no-op), passing the size, device and stream it was allocated with.
     ValueError for a pointer never returned, a double free or a size mismatch (the library also
     counts and logs it)."""
+    ptr = _int("try_free", "ptr", ptr or 0, 0, U64_MAX)
+    size = _int("try_free", "size", size, 0, U64_MAX)
+    device = _device("try_free", device)
+    stream = _int("try_free", "stream", stream or 0, 0, U64_MAX)
     _check(_lib.torch_arena_try_free(ptr or None, size, device, stream or None), "torch_arena_free")
 
 
@@ -431,7 +467,7 @@ def bad_free_count() -> int:
 
 def init(device_count: int) -> None:
     """PyTorch's init hook: record the device count and read the configuration."""
-    _lib.torch_arena_init(device_count)
+    _lib.torch_arena_init(_int("init", "device_count", device_count, 0, C_INT_MAX))
 
 
 def empty_cache() -> None:
@@ -441,8 +477,13 @@ def empty_cache() -> None:
 
 def set_memory_fraction(fraction: float, device: int) -> None:
     """Cap the bytes ``device``'s arena may hold at ``fraction`` of the device's memory."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(
+            f"set_memory_fraction: fraction must be a float in (0, 1], not {fraction!r}"
+        )
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"set_memory_fraction: fraction {fraction} is not in (0, 1]")
+    device = _device("set_memory_fraction", device)
     _check(_probe(device), "torch_arena_stats")  # the hook itself reports nothing
     _lib.torch_arena_set_memory_fraction(fraction, device)
 
@@ -451,17 +492,19 @@ def _probe(device: int) -> int:
     """The status of a statistics query on ``device``: a cheap call that reports a bad
     configuration or ordinal as such (ERR_CONFIG, ERR_BAD_DEVICE), with the last error set."""
     n = _stats_count()
-    return _lib.torch_arena_stats(device, (_c_i64 * n)(), n)
+    return _lib.torch_arena_stats(_device("stats", device), (_c_i64 * n)(), n)
 
 
 def record_stream(ptr: int, stream: int) -> None:
     """Keep ``ptr``'s memory from reuse until work queued on ``stream`` has completed."""
     base, _ = base_alloc(ptr)  # raises ValueError for an unknown pointer
+    stream = _int("record_stream", "stream", stream or 0, 0, U64_MAX)
     _lib.torch_arena_record_stream(base, stream or None)
 
 
 def base_alloc(ptr: int) -> tuple[int, int]:
     """``(base, size)`` of the live allocation containing ``ptr``; ValueError if none does."""
+    ptr = _int("base_alloc", "ptr", ptr or 0, 0, U64_MAX)
     size = _c_size(0)
     base = _lib.torch_arena_base_alloc(ptr or None, ctypes.byref(size))
     if size.value == 0:
@@ -500,12 +543,13 @@ def stats(device: int) -> list[int]:
     """``device``'s statistics, one value per key of :func:`stats_keys`, in that order."""
     n = _stats_count()
     values = (_c_i64 * n)()
-    _check(_lib.torch_arena_stats(device, values, n), "torch_arena_stats")
+    _check(_lib.torch_arena_stats(_device("stats", device), values, n), "torch_arena_stats")
     return list(values)
 
 
 def summary(device: int, abbreviated: bool = False) -> str:
     """``memory_summary()`` text of ``device``: PyTorch's table, then torch-arena's section."""
+    device = _device("summary", device)
     text = _copy_out(_lib.torch_arena_summary, device, int(abbreviated), initial=16384)
     if not text:
         raise _error(ERR_OTHER, "torch_arena_summary")
@@ -514,18 +558,20 @@ def summary(device: int, abbreviated: bool = False) -> str:
 
 def reset_peak_stats(device: int) -> None:
     """Every peak of ``device`` becomes the current value."""
+    device = _device("reset_peak_stats", device)
     _check(_lib.torch_arena_reset_peak_stats(device), "torch_arena_reset_peak_stats")
 
 
 def reset_accumulated_stats(device: int) -> None:
     """Allocated/freed totals and counters of ``device`` go to 0."""
-    code = _lib.torch_arena_reset_accumulated_stats(device)
+    code = _lib.torch_arena_reset_accumulated_stats(_device("reset_accumulated_stats", device))
     _check(code, "torch_arena_reset_accumulated_stats")
 
 
 def defragment(device: int) -> dict[str, int]:
     """Return ``device``'s empty slabs and idle ranges to the page pool; what was recovered."""
     report = ReclaimReport()
+    device = _device("defragment", device)
     _check(_lib.torch_arena_defragment(device, ctypes.byref(report)), "torch_arena_defragment")
     return report.as_dict()
 
@@ -533,6 +579,7 @@ def defragment(device: int) -> dict[str, int]:
 def growth(device: int) -> dict[str, int]:
     """The memory ``device``'s arena created, by what each request did to the bytes requested."""
     out = Growth()
+    device = _device("growth", device)
     _check(_lib.torch_arena_growth(device, ctypes.byref(out)), "torch_arena_growth")
     return out.as_dict()
 
@@ -540,6 +587,7 @@ def growth(device: int) -> dict[str, int]:
 def pages(device: int) -> dict[str, int]:
     """Where ``device``'s physical memory is, in bytes."""
     out = Pages()
+    device = _device("pages", device)
     _check(_lib.torch_arena_pages(device, ctypes.byref(out)), "torch_arena_pages")
     return out.as_dict()
 
@@ -589,7 +637,8 @@ def set_log_level(level: str) -> None:
     (case-insensitive; the default comes from TORCH_ARENA_LOG, else "warn"). ValueError names
     the accepted levels."""
     _require_log("set_log_level")
-    _check(_lib.torch_arena_set_log_level(level.encode()), "torch_arena_set_log_level")
+    data = _text("set_log_level", "level", level)
+    _check(_lib.torch_arena_set_log_level(data), "torch_arena_set_log_level")
 
 
 def log_level() -> int:
@@ -684,7 +733,7 @@ def current_step() -> int:
 def tag_push(tag: str) -> None:
     """Push ``tag`` on the process-wide tag stack: new allocations carry the innermost tag."""
     _require_track("tag_push")
-    _check(_lib.torch_arena_tag_push(tag.encode()), "torch_arena_tag_push")
+    _check(_lib.torch_arena_tag_push(_text("tag_push", "tag", tag)), "torch_arena_tag_push")
 
 
 def tag_pop() -> None:
@@ -697,12 +746,16 @@ def set_sites(mode: str, every: int = 1, min_bytes: int = 0) -> None:
     """Capture allocation sites from now on: ``mode`` is "none", "python", "native" or "all";
     one allocation in ``every`` (>= 1); only requests of at least ``min_bytes``."""
     _require_track("set_sites")
-    _check(_lib.torch_arena_set_sites(mode.encode(), every, min_bytes), "torch_arena_set_sites")
+    data = _text("set_sites", "mode", mode)
+    every = _int("set_sites", "every", every, 1, U64_MAX)
+    min_bytes = _int("set_sites", "min_bytes", min_bytes, 0, U64_MAX)
+    _check(_lib.torch_arena_set_sites(data, every, min_bytes), "torch_arena_set_sites")
 
 
 def history_enable(enabled: bool, max_entries: int = 0) -> None:
     """Start (clearing it) or stop a bounded ring of ``max_entries`` trace entries."""
     _require_track("history_enable")
+    max_entries = _int("history_enable", "max_entries", max_entries, 0, U64_MAX)
     code = _lib.torch_arena_history_enable(int(bool(enabled)), max_entries)
     _check(code, "torch_arena_history_enable")
 
@@ -712,6 +765,7 @@ def _json(fn: Callable[..., int], call: str, device: int, *args: Any) -> dict[st
     import json
 
     _require_track(call)
+    device = _device(call, device)
     clear_last_error()
     text = _copy_out(fn, device, *args, initial=65536)
     if not text:
@@ -730,6 +784,8 @@ def live_json(device: int) -> dict[str, Any]:
 def leaks_json(device: int, warmup: int, age_steps: int) -> dict[str, Any]:
     """``device``'s growing sites after step ``warmup``, and allocations older than
     ``age_steps`` steps (0: none)."""
+    warmup = _int("leaks_json", "warmup", warmup, 0, U64_MAX)
+    age_steps = _int("leaks_json", "age_steps", age_steps, 0, U64_MAX)
     return _json(_lib.torch_arena_leaks_json, "torch_arena_leaks_json", device, warmup, age_steps)
 
 

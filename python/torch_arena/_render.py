@@ -7,7 +7,7 @@ from typing import Any
 from ._frames import frame_text, site_lines, user_frame_index
 from ._sizes import format_size
 
-__all__ = ["render", "render_live"]
+__all__ = ["count_text", "render", "render_live"]
 
 MAX_HOLDERS_SHOWN = 3  # holders printed per site
 
@@ -35,6 +35,15 @@ def _holder_lines(entry: dict[str, Any], indent: str) -> list[str]:
     if hidden > 0:
         lines.append(f"{indent}    ... and {hidden} more allocation(s) of this site")
     return lines
+
+
+def count_text(n: float) -> str:
+    """A count for people: whole numbers as they are, others to two decimals (``0.62``, not
+    ``0.615385``)."""
+    n = float(n)
+    if n == int(n):
+        return str(int(n))
+    return f"{n:.2f}".rstrip("0").rstrip(".")
 
 
 def _warning_lines(report: dict[str, Any]) -> list[str]:
@@ -77,6 +86,17 @@ def render(report: dict[str, Any]) -> str:
             f"from step {p.get('first_step', '?')} to {p.get('until_step', '?')}, then stayed "
             f"flat at {format_size(p.get('live_bytes', 0))}: a bounded cache?)"
         )
+    for p in report.get("replaced") or ():
+        where = (
+            frame_text(p["frames"][user_frame_index(p["frames"])])
+            if p.get("frames")
+            else "an unknown site"
+        )
+        lines.append(
+            f"(not a leak: {where} left {format_size(p.get('live_bytes', 0))} live in "
+            f"{p.get('live_count', 0)} allocation(s), but its live memory did not grow: they "
+            "replaced older ones, a bounded cache?)"
+        )
     if not sites:
         if report.get("warnings") and not left_live:
             lines.append("no verdict: see the warning(s) above.")
@@ -85,13 +105,15 @@ def render(report: dict[str, Any]) -> str:
     for n, s in enumerate(sites, 1):
         lines.append("")
         if left_live:
+            grew = s.get("growth_bytes", s["live_bytes"])
             lines.append(
                 f"#{n}  {format_size(s['live_bytes'])} left live in {s['live_count']} allocation(s)"
+                + (f"; the site grew by {format_size(grew)}" if grew != s["live_bytes"] else "")
             )
         else:
             lines.append(
                 f"#{n}  {format_size(s.get('bytes_per_step', 0))} per step "
-                f"({s.get('count_per_step', 0):g} allocation(s) per step), since step "
+                f"({count_text(s.get('count_per_step', 0))} allocation(s) per step), since step "
                 f"{s.get('first_step', '?')}; live now {format_size(s.get('live_bytes', 0))} "
                 f"in {s.get('live_count', 0)} allocation(s)"
             )

@@ -75,6 +75,15 @@ PATCHED_NAMES: tuple[str, ...] = (
     "reset_accumulated_memory_stats",
 )
 
+# torch.cuda's maintenance functions that reach the allocator only through CUDA: on a GPU they
+# arrive at the pluggable allocator's hooks (reset, memory fraction), but on the simulated device
+# torch's CUDA never initialises, so empty_cache() did nothing and
+# set_per_process_memory_fraction() raised "Found no NVIDIA driver". Replaced there only.
+SIM_NAMES: tuple[str, ...] = (
+    "empty_cache",
+    "set_per_process_memory_fraction",
+)
+
 # torch.accelerator's memory functions (PyTorch 2.9+), replaced the same way when present, in
 # torch.accelerator and torch.accelerator.memory. They reach the allocator registered for CUDA
 # with c10::SetAllocator, which change_current_allocator does not update (it swaps only
@@ -220,10 +229,11 @@ def _snapshot_functions() -> dict[str, Any]:
     }
 
 
-def _patch_plan(torch: Any) -> list[tuple[Any, str, str, Any]]:
-    """(module, module name, function name, replacement) for every function to replace."""
+def _patch_plan(torch: Any, sim: bool = False) -> list[tuple[Any, str, str, Any]]:
+    """(module, module name, function name, replacement) for every function to replace
+    (``sim``: the configuration's device is the simulated one)."""
     plan = []
-    cuda = _stats_functions(PATCHED_NAMES)
+    cuda = _stats_functions(PATCHED_NAMES + (SIM_NAMES if sim else ()))
     snapshots = _snapshot_functions()
     for module, module_name in (
         (torch.cuda, "torch.cuda"),
@@ -445,7 +455,7 @@ def _enable_locked(conf: str | None) -> None:
             "PyTorch allows one swap per process. Remove the other allocator's "
             "change_current_allocator call, or use torch_arena.pool() under the native one."
         )
-    plan = _patch_plan(torch)
+    plan = _patch_plan(torch, _native.conf_items(text).get("device") == "sim")
     addresses = {export: _symbol(export) for _, export in _HOOKS}
     if not (_symbol(_MALLOC) and _symbol(_FREE)):
         raise RuntimeError(f"{_native.library_path()} lacks {_MALLOC}/{_FREE}: a broken install")
@@ -503,11 +513,19 @@ def _enable_locked(conf: str | None) -> None:
 
 
 def _cuda_devices() -> list[int]:
-    """The devices torch-arena served (none when CUDA never initialised)."""
+    """The devices torch-arena may have served: every simulated device (``device:sim``, where
+    torch's CUDA never initialises and the memory comes from torch_arena's own calls), else
+    every CUDA device once CUDA initialised (none before: no CUDA memory was allocated, and a
+    report would open a device at exit)."""
     import torch
 
+    from . import _capture
+
+    items = _capture.conf()
+    if items.get("device") == "sim":
+        return list(range(max(1, _capture.conf_int(items, "sim_devices", 1))))
     if not torch.cuda.is_initialized():
-        return []  # no CUDA memory was ever allocated
+        return []
     return list(range(torch.cuda.device_count()))
 
 

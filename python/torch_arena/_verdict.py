@@ -1,11 +1,14 @@
-"""The leak verdict, in one place: growth over steps (``leak_report``, ``no_leaks``), what a
-block left live (``no_leaks(steps=False)``, the pytest marker), what is live now by site
+"""The leak verdict, in one place: growth over steps (``leak_report``, ``no_leaks``), growth
+over one block (``no_leaks(steps=False)``, the pytest marker), what is live now by site
 (``live_report``), and the warnings that say when a verdict cannot be trusted.
 
 Growth itself is judged by the library (src/track/leaks.rs): a site's live bytes sampled at
 step boundaries must rise overall, never fall as far as they rose, rise in at least two
 intervals, and still be rising (flat for fewer steps than it took to grow, or fewer than 3);
 a site that grew and then stayed flat is *plateaued* (a bounded cache), noted but not a leak.
+Over one block the same rule applies to the one interval: a site leaks when its live bytes at
+the end exceed those at the start; new allocations that only replaced older ones of the same
+site (a bounded cache, warm) are noted, not a leak.
 """
 
 import gc
@@ -25,6 +28,7 @@ __all__ = [
     "growth_report",
     "left_live",
     "live_by_site",
+    "site_bytes",
 ]
 
 # Boundaries at or after the warm-up a growth verdict needs: the warm-up boundary, then two
@@ -174,23 +178,41 @@ def live_by_site(device: int, after_seq: int = -1) -> dict[str, Any]:
     }
 
 
-def left_live(device: int, after_seq: int, limit: int) -> dict[str, Any]:
+def site_bytes(device: int) -> dict[int, int]:
+    """``device``'s live bytes by site now: what :func:`left_live` compares against."""
+    return {g["site"]: g["live_bytes"] for g in live_by_site(device)["sites"]}
+
+
+def left_live(
+    device: int, after_seq: int, limit: int, before: dict[int, int] | None = None
+) -> dict[str, Any]:
     """The allocations of ``device`` with a sequence number above ``after_seq`` that are still
-    live, grouped by site, largest first, with their holders; "over" lists the sites whose
-    live bytes exceed ``limit``."""
+    live, grouped by site, largest first, with their holders.
+
+    The verdict is the growth verdict's, over the one interval of the block: a site leaks when
+    its live bytes grew. ``before`` is :func:`site_bytes` at the start of the block (None:
+    nothing was live); each site's "growth_bytes" is its live bytes now less ``before``'s, and
+    "over" lists the sites that grew by more than ``limit``. A site whose new allocations only
+    replaced older ones of its own (a warm ``deque(maxlen=N)``, an LRU cache at its bound)
+    did not grow: it is listed under "replaced", a note, never a leak."""
     gc.collect()
     live = live_by_site(device, after_seq)
+    now = site_bytes(device)
+    before = before or {}
     entries = live["sites"]
+    for g in entries:
+        g["growth_bytes"] = max(0, now.get(g["site"], 0) - before.get(g["site"], 0))
     report = {
         "device": device,
         "step": live["step"],
         "kind": "left_live",
         "limit": limit,
-        "growing": entries,
+        "growing": [g for g in entries if g["growth_bytes"] > 0],
+        "replaced": [g for g in entries if g["growth_bytes"] == 0],
         "warnings": capture_warnings(),
     }
-    report["over"] = [g["site"] for g in entries if g["live_bytes"] > limit]
-    attach_holders(entries)
+    report["over"] = [g["site"] for g in report["growing"] if g["growth_bytes"] > limit]
+    attach_holders(report["growing"])
     return report
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -243,6 +244,16 @@ def empty_cache() -> None:
 
 
 @_public
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Cap the bytes ``device``'s arena may reserve at ``fraction`` (in (0, 1]) of the device's
+    memory, like ``torch.cuda.set_per_process_memory_fraction`` (same signature). Cached pages
+    above a lowered cap are released; a request beyond the cap fails as out of memory. Under
+    torch-arena on a GPU, torch's own function reaches the same hook; on the simulated device
+    (where torch's CUDA never starts) :func:`torch_arena.enable` points torch's at this one."""
+    _native.set_memory_fraction(fraction, _device_index(device))
+
+
+@_public
 def defragment(device: Any = None) -> dict[str, int]:
     """Return ``device``'s empty slabs and idle mapped ranges to the page pool, where any new
     range can use them, without releasing memory to the driver. Returns what was recovered:
@@ -332,8 +343,14 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
 def caching_allocator_delete(mem_ptr: int) -> None:
     """Free a pointer :func:`caching_allocator_alloc` returned, like
     ``torch.cuda.caching_allocator_delete``. 0 does nothing; a pointer not from
-    caching_allocator_alloc (or already freed) raises ValueError."""
-    if not mem_ptr:
+    caching_allocator_alloc (or already freed) raises ValueError, anything but an int
+    TypeError (an empty list once passed as "nothing to free")."""
+    if isinstance(mem_ptr, bool) or not isinstance(mem_ptr, int):
+        raise TypeError(
+            f"caching_allocator_delete: mem_ptr must be an int (a pointer from "
+            f"caching_allocator_alloc, or 0), not {type(mem_ptr).__name__} {mem_ptr!r}"
+        )
+    if mem_ptr == 0:
         return
     entry = _raw.pop(mem_ptr, None)
     if entry is None:

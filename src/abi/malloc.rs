@@ -21,9 +21,10 @@ pub unsafe extern "C" fn torch_arena_try_malloc(
     unsafe { try_malloc_in(size, device, stream, out, None) }
 }
 
-/// Like [`torch_arena_try_malloc`], from private pool `(id0, id1)` (a PyTorch `MempoolId_t`),
-/// which must be recording (between `torch_arena_pool_begin` and `torch_arena_pool_end`). The
-/// C++ shim calls this for the allocations whose stream a capture's filter accepts.
+/// Like [`torch_arena_try_malloc`], from private pool `(id0, id1)` (a PyTorch `MempoolId_t`)
+/// while it records (between `torch_arena_pool_begin` and `torch_arena_pool_end`). The C++ shim
+/// calls this for the allocations whose stream a capture's filter accepts. For a pool that is
+/// not recording it serves general memory (the capture ended first), as the header says.
 ///
 /// # Safety
 /// `out` is NULL or valid for one pointer write.
@@ -92,7 +93,9 @@ unsafe fn try_malloc_in(
                 fail
             };
             if fail.code == TORCH_ARENA_ERR_OOM {
-                WARN_OOM.report(&fail.msg);
+                // One line: the observer's note is on a line of its own in the error, which the
+                // log would print as a literal `\n` (it escapes line breaks in a record).
+                WARN_OOM.report(&fail.msg.replace('\n', " "));
             } else if !logged {
                 ERROR_MALLOC.report(&fail.msg);
             }

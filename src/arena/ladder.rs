@@ -333,9 +333,10 @@ impl Inner {
         let s = &self.stats;
         let reserved = s.reserved_bytes.all().current as u64;
         let allocated = s.allocated_bytes.all().current as u64;
-        let idle = self.idle_len * self.page;
-        let pooled = self.pooled_pages * self.page;
-        let held = self.held_pages() * self.page;
+        let pages = self.page_counts();
+        let idle = pages.idle_mapped * self.page;
+        let pooled = pages.pooled * self.page;
+        let held = pages.held * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
         let allowed = if self.fraction < 1.0 {
             format!(
@@ -358,7 +359,7 @@ impl Inner {
             format_size(reserved),
             format_size(allocated),
             format_size(s.requested_bytes.all().current as u64),
-            format_size(idle + pooled),
+            format_size(pages.cached_bytes()),
             format_size(idle),
             format_size(pooled),
             format_size(held),

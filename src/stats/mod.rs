@@ -68,12 +68,17 @@ impl StatArray {
         self.0[pool as usize].decrease(n);
     }
 
-    /// `n` moves from pool `from` to pool `to`: each pool counts it as freed and allocated, the
-    /// aggregate not at all (it neither grew nor shrank).
+    /// `n` moves from pool `from` to pool `to`: `from` frees it and `to` allocates it, and the
+    /// aggregate counts both (its current and peak unchanged). PyTorch updates every stat of a
+    /// pool and the aggregate together, so `all.{current,allocated,freed}` always equal the
+    /// pools' sums (each stat also keeps `current == allocated - freed`); counting the move in
+    /// the pools alone broke that, and torch's `memory_summary` printed the difference.
     #[inline]
     pub fn transfer(&mut self, from: Pool, to: Pool, n: i64) {
         self.0[from as usize].decrease(n);
         self.0[to as usize].increase(n);
+        self.0[0].allocated += n;
+        self.0[0].freed += n;
     }
 
     pub fn all(&self) -> &Stat {

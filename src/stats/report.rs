@@ -37,6 +37,14 @@ pub struct PageCounts {
 }
 
 impl PageCounts {
+    /// Bytes cached: idle mapped pages and pooled (unmapped) pages, ready for any request. The
+    /// one definition of "cached" that the out-of-memory message and the replay's report use.
+    pub fn cached_bytes(&self) -> u64 {
+        self.idle_mapped
+            .saturating_add(self.pooled)
+            .saturating_mul(self.page_size)
+    }
+
     /// Every page reserved: with VMM, `reserved_bytes` is this many pages.
     pub fn total(&self) -> u64 {
         self.in_use

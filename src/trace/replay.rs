@@ -130,7 +130,8 @@ pub struct OomReport {
     pub live_bytes: u64,
     pub live_count: u64,
     pub reserved: u64,
-    /// Reserved but not allocated (cached) bytes.
+    /// Cached bytes ([`Policy::cached`]): for the arena, its idle and pooled pages, as its
+    /// out-of-memory message counts them.
     pub cached: u64,
     /// The arena's own OOM message.
     pub message: String,
@@ -311,6 +312,13 @@ pub trait Policy {
     fn reserved(&self) -> u64;
     /// Allocated (block) bytes now.
     fn allocated(&self) -> u64;
+    /// Cached bytes now: reserved and free for any request. PyTorch's meaning (reserved less
+    /// allocated) unless the policy knows better; the arena counts its idle and pooled pages
+    /// ([`crate::arena::PageCounts::cached_bytes`]), as its out-of-memory message does, not the
+    /// pages it cannot move or the free space inside partially used ones.
+    fn cached(&self) -> u64 {
+        self.reserved().saturating_sub(self.allocated())
+    }
     /// The most reserved since the last call (or the start); starts a new peak.
     fn take_peak_reserved(&mut self) -> u64;
     /// Driver calls so far, by kind.
@@ -759,6 +767,10 @@ impl Policy for ArenaPolicy {
         self.arena.stats().allocated_bytes.all().current.max(0) as u64
     }
 
+    fn cached(&self) -> u64 {
+        self.arena.pages().cached_bytes()
+    }
+
     fn take_peak_reserved(&mut self) -> u64 {
         let peak = self.arena.stats().reserved_bytes.all().peak.max(0) as u64;
         self.arena.reset_peak_stats();
@@ -867,7 +879,6 @@ fn oom_report(
     message: String,
 ) -> OomReport {
     let reserved = policy.reserved();
-    let allocated = policy.allocated();
     let mut largest: Vec<(u64, u32)> = live.values().map(|l| (l.size, l.site)).collect();
     let n = largest.len().min(5);
     if n > 0 {
@@ -883,7 +894,7 @@ fn oom_report(
         live_bytes,
         live_count: live.len() as u64,
         reserved,
-        cached: reserved.saturating_sub(allocated),
+        cached: policy.cached(),
         message,
         largest_live: largest
             .into_iter()

@@ -354,6 +354,7 @@ impl<G: TestGpu> Rig<G> {
             if st.allocated_bytes.all().peak < allocated || st.reserved_bytes.all().peak < held {
                 return Err("a peak is below the current value".into());
             }
+            pools_sum_to_all(&st).map_err(|e| format!("device {dev}: {e}"))?;
             self.arenas[dev].check_consistency()?;
             let v = self.gpus[dev].violations();
             if !v.is_empty() {
@@ -435,4 +436,30 @@ pub fn run_with_failures<G: TestGpu>(mut rig: Rig<G>, seed: u64, ops: &[Op]) -> 
         gpu.stop_failing();
     }
     rig.drain()
+}
+
+/// PyTorch's invariant of `memory_stats()`: every update of a pool's stat also updates the
+/// aggregate (CUDACachingAllocator.cpp's `for_each_selected_stat_type`), so for every stat X
+/// `X.all.{current,allocated,freed}` equal `X.small_pool.*` + `X.large_pool.*`; the pools'
+/// peaks fall at different times, so `X.all.peak` is at most their sum and at least each.
+pub fn pools_sum_to_all(st: &torch_arena::stats::DeviceStats) -> Result<(), String> {
+    use torch_arena::stats::keys;
+    for (key, all) in keys::flatten(st) {
+        let Some((stat, field)) = key.split_once(".all.") else {
+            continue;
+        };
+        let pool = |p: &str| keys::get(st, &format!("{stat}.{p}.{field}")).unwrap();
+        let (small, large) = (pool("small_pool"), pool("large_pool"));
+        let ok = match field {
+            "peak" => all <= small + large && all >= small.max(large),
+            _ => all == small + large,
+        };
+        if !ok {
+            return Err(format!(
+                "{key} = {all}, but small_pool {small} + large_pool {large} = {}",
+                small + large
+            ));
+        }
+    }
+    Ok(())
 }

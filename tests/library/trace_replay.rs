@@ -410,6 +410,27 @@ fn replay_oom_report_names_what_is_live() {
     assert!(oom.largest_live.iter().all(|(s, _)| *s == 16 * MIB));
 }
 
+/// The report's "cached" is the message's: idle and pooled pages, not every reserved byte that is
+/// not allocated. Blocks a little over 16 MiB leave most of a page free in each partially used
+/// page; the report once called that "cached: 1.99 MiB" where the message said "0 bytes cached".
+#[test]
+fn replay_oom_report_counts_cached_as_the_message_does() {
+    use torch_arena::stats::summary::format_size;
+    let big = 16 * MIB + 4096;
+    let t = trace(&[S::A(1, big), S::A(2, big), S::A(3, big), S::A(4, 40 * MIB)]);
+    let r = replay(&t, &opts(64 * MIB, true, false), &mut |_, _| {}).unwrap();
+    let oom = r
+        .oom
+        .expect("40 MiB does not fit next to 3 × 16 MiB in 64 MiB");
+    assert!(oom.reserved > 3 * big, "{oom:?}");
+    let said = format!("{} cached (", format_size(oom.cached));
+    assert!(
+        oom.message.contains(&said),
+        "{said:?} not in {}",
+        oom.message
+    );
+}
+
 #[test]
 fn replay_keeps_the_five_largest_live() {
     let steps: Vec<S> = (1..=9)

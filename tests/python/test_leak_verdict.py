@@ -7,6 +7,7 @@ import gc
 import importlib
 import inspect
 import math
+import os
 import re
 import sys
 import threading
@@ -315,6 +316,9 @@ def test_an_oom_writes_a_snapshot_and_the_message_names_it(tmp_path):
     (message,) = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
     assert message.startswith("MESSAGE CUDA out of memory. Tried to allocate"), message
     assert f"written to {written}" in message, message
+    # The warning on stderr is one line: the note once followed a literal "\n".
+    (warning,) = [line for line in proc.stderr.splitlines() if "out of memory #1" in line]
+    assert "\\n" not in warning and "Live allocations: 3. torch-arena: a memory" in warning
     import pickle
 
     snap = pickle.loads(written.read_bytes())
@@ -347,6 +351,27 @@ def test_an_oom_caught_and_recovered_from_still_leaves_the_snapshot_of_that_mome
     assert written.stat().st_size > 0
 
 
+@pytest.mark.parametrize("where", ["missing/oom.pickle", "/dev/full"])
+def test_an_oom_snapshot_that_cannot_be_written_says_so_in_the_message(tmp_path, where):
+    # It once failed silently: the observer's exception was swallowed, the message said nothing.
+    from conftest import run_python
+
+    if where == "/dev/full" and not os.path.exists(where):
+        pytest.skip("no /dev/full here")
+    path = where if where.startswith("/") else str(tmp_path / where)
+    proc = run_python(
+        OOM_SCRIPT,
+        tmp_path,
+        TORCH_ARENA_CONF="device:sim,sim_capacity_mb:64",
+        TORCH_ARENA_OOM_SNAPSHOT=path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (message,) = [line for line in proc.stdout.splitlines() if line.startswith("MESSAGE")]
+    assert message.startswith("MESSAGE CUDA out of memory."), message
+    assert f"could not be written to {path}: " in message, message
+    assert not list(tmp_path.glob("**/*.pickle"))
+
+
 def test_no_oom_snapshot_unless_asked(tmp_path):
     from conftest import run_python
 
@@ -358,3 +383,22 @@ def test_no_oom_snapshot_unless_asked(tmp_path):
 def test_device_buffer_refuses_sizes_beyond_size_t_too():
     with pytest.raises(OverflowError, match="size_t"):
         DeviceBuffer(2**64 + 4096)
+
+
+def test_a_fractional_count_per_step_is_printed_to_two_decimals():
+    # 8 allocations over 13 steps printed as "0.615385 allocation(s) per step".
+    from torch_arena._render import render
+
+    site = {
+        "site": 1,
+        "frames": [],
+        "bytes_per_step": 8 * MiB / 13,
+        "count_per_step": 8 / 13,
+        "first_step": 2,
+        "live_bytes": 8 * MiB,
+        "live_count": 8,
+    }
+    text = render({"kind": "growth", "growing": [site], "steps_observed": 13})
+    assert "(0.62 allocation(s) per step)" in text, text
+    site["count_per_step"] = 3.0
+    assert "(3 allocation(s) per step)" in render({"kind": "growth", "growing": [site]})

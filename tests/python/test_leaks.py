@@ -4,6 +4,8 @@ clean loops with large but steady memory must report nothing. Also no_leaks, tag
 the report at exit (leaks:True) in a fresh interpreter.
 """
 
+import collections
+import contextlib
 import gc
 import importlib
 import inspect
@@ -229,6 +231,24 @@ def test_no_leaks_steps_false_judges_what_the_block_left_live():
         small = DeviceBuffer(512 << 10)  # under the limit
         del scratch
     del small
+
+
+def test_no_leaks_steps_false_calls_a_warm_bounded_cache_no_leak(sites):
+    # The block's new buffer only replaced the deque's older one, of the same site: the site's
+    # live memory did not grow, as no_leaks() with steps and leak_report() would judge it.
+    # (The cache was warmed with sites captured, as under leaks:True.)
+    recent = collections.deque(maxlen=1)
+
+    def put():
+        recent.append(DeviceBuffer(2 * MiB))
+
+    check = torch_arena.no_leaks(limit="1 MB", steps=False)
+    for block in (contextlib.nullcontext(), check):  # one call line: one site
+        with block:
+            put()
+    assert check.report["growing"] == [] and len(check.report["replaced"]) == 1
+    assert "not a leak" in torch_arena.leaks.render(check.report)
+    recent.clear()
 
 
 def test_no_leaks_needs_more_steps_than_warmup():

@@ -61,6 +61,7 @@ def test_the_public_api_is_complete():
         "reset_accumulated_memory_stats",
         "reset_max_memory_allocated",
         "reset_peak_memory_stats",
+        "set_per_process_memory_fraction",
         "enable",
         "is_enabled",
         "pool",
@@ -147,6 +148,39 @@ def test_bad_arguments_raise_before_allocating():
         torch_arena.caching_allocator_alloc(64, device=7)
     with pytest.raises(ValueError, match="CUDA device"):
         torch_arena.caching_allocator_alloc(64, device="cpu")
+
+
+def test_ints_that_ctypes_would_wrap_are_refused_naming_the_argument_and_range():
+    # ctypes keeps the low bits: device 2**64 became device 0, every=-1 became 2**64 - 1.
+    from torch_arena import _native
+
+    with pytest.raises(
+        ValueError, match=r"device 18446744073709551616 is out of range: expected 0 to 2147483647"
+    ):
+        _native.set_memory_fraction(0.25, 2**64)
+    with pytest.raises(ValueError, match=r"device -1 is out of range"):
+        _native.stats(-1)
+    with pytest.raises(
+        ValueError, match=r"every -1 is out of range: expected 1 to 18446744073709551615"
+    ):
+        _native.set_sites("none", every=-1)
+    with pytest.raises(ValueError, match=r"min_bytes 18446744073709551616 is out of range"):
+        _native.set_sites("none", 1, 2**64)
+    with pytest.raises(TypeError, match=r"every must be an int"):
+        _native.set_sites("none", every=1.5)
+    with pytest.raises(TypeError, match=r"fraction must be a float"):
+        _native.set_memory_fraction("half", 0)
+    with pytest.raises(ValueError, match=r"max_entries -1 is out of range"):
+        _native.history_enable(True, -1)
+
+
+def test_arguments_of_the_wrong_type_are_type_errors():
+    with pytest.raises(TypeError, match=r"conf .* must be a str, not int 123"):
+        torch_arena.configure(123)
+    with pytest.raises(TypeError, match=r"mem_ptr must be an int .* not list \[\]"):
+        torch_arena.caching_allocator_delete([])
+    with pytest.raises(TypeError, match=r"mem_ptr must be an int"):
+        torch_arena.caching_allocator_delete(None)
 
 
 def test_deleting_an_unknown_pointer_or_twice_raises_value_error():

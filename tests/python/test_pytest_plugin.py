@@ -125,3 +125,54 @@ def test_bad_marker_arguments_are_usage_errors(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*gpu_leaks*'1 MX'*KiB*"])
+
+
+BOUNDED = """
+import collections
+import functools
+import itertools
+
+import pytest
+from torch_arena.testing import DeviceBuffer
+
+MiB = 1 << 20
+RECENT = collections.deque(maxlen=1)
+KEYS = itertools.count()
+
+
+@functools.lru_cache(maxsize=2)
+def weights(key):
+    return DeviceBuffer(2 * MiB)
+
+
+@pytest.mark.gpu_leaks(limit="1 MB", warmups=2)
+def test_warm_deque():
+    RECENT.append(DeviceBuffer(2 * MiB))
+
+
+@pytest.mark.gpu_leaks(limit="1 MB", warmups=2)
+def test_lru_cache_at_its_bound():
+    weights(next(KEYS))
+
+
+KEPT = []
+
+
+@pytest.mark.gpu_leaks(limit="1 MB", warmups=2)
+def test_unbounded():
+    KEPT.append(DeviceBuffer(2 * MiB))  # LEAK
+"""
+
+
+def test_a_bounded_cache_is_not_a_leak_as_no_leaks_judges_it(pytester):
+    # The marker once failed the warm deque and the LRU cache at its bound (each measured run
+    # leaves one new buffer live, having freed an older one of the same site), where no_leaks()
+    # and leak_report() call such a site "not a leak". One verdict: a site leaks when its live
+    # memory grew.
+    pytester.makepyfile(test_bounded=BOUNDED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*test_warm_deque PASSED*", "*test_lru_cache_at_its_bound PASSED*"]
+    )
+    result.stdout.fnmatch_lines(["*test_unbounded FAILED*", "*2.0 MiB left live in 1 allocation*"])

@@ -668,3 +668,37 @@ def test_statistics_before_cuda_starts_answer_as_pytorch_does_without_a_driver()
     assert r0["stats"] == {} and r0["nested"] == {} and r0["stats_type"] == "OrderedDict"
     assert r["enabled"] and r["patched"]
     assert "error" not in proc.stderr.lower(), proc.stderr
+
+
+def test_torch_cuda_empty_cache_and_memory_fraction_reach_the_arena_on_the_simulated_device():
+    # torch's CUDA never initialises on the simulated device: torch.cuda.empty_cache() did
+    # nothing and set_per_process_memory_fraction() raised "Found no NVIDIA driver". On a GPU
+    # both reach the arena through the allocator's hooks; here enable() points them at
+    # torch_arena's, and torch_arena.set_per_process_memory_fraction is the equivalent.
+    r = result(
+        run(
+            """
+            import json, torch, torch_arena
+            torch_arena.enable()
+            p = torch_arena.caching_allocator_alloc(64 << 20)
+            torch_arena.caching_allocator_delete(p)
+            cached = torch.cuda.memory_reserved()
+            torch.cuda.empty_cache()
+            after = torch.cuda.memory_reserved()
+            torch.cuda.set_per_process_memory_fraction(0.25)
+            try:
+                torch_arena.caching_allocator_alloc(2048 << 20)  # half of 4 GiB: over the cap
+                capped = False
+            except torch_arena.OutOfMemoryError:
+                capped = True
+            torch_arena.set_per_process_memory_fraction(1.0, device=0)
+            q = torch_arena.caching_allocator_alloc(2048 << 20)
+            torch_arena.caching_allocator_delete(q)
+            print("RESULT", json.dumps(dict(cached=cached, after=after, capped=capped)))
+            """,
+            TORCH_ARENA_CONF=SIM,
+        )
+    )
+    assert r["cached"] >= 64 << 20
+    assert r["after"] == 0
+    assert r["capped"] is True

@@ -107,3 +107,45 @@ def test_torch_cuda_snapshot_functions_answer_from_torch_arena(tmp_path):
     assert r["traced"][-1] == "alloc"  # after the segment_map that made room, if any
     assert set(r["traced"]) <= {"segment_map", "alloc"}
     assert "<string>" in r["frames"]  # context="all": the site was captured
+
+
+def test_torch_arena_1_prints_the_leak_report_at_exit_on_the_simulated_device(tmp_path):
+    # README's first leak-hunting command, as written, on the simulated device: the report at
+    # exit must name the leaking line (it once saw no device: torch's CUDA never initialises
+    # on the simulated device, and the exit report listed only initialised CUDA devices).
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch_arena
+
+            history = []
+            for i in range(6):
+                history.append(torch_arena.caching_allocator_alloc(1 << 20))  # LEAK
+                torch_arena.step()
+            """
+        )
+    )
+    line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# LEAK"))
+    out = tmp_path / "leaks.json"
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env.update(
+        TORCH_ARENA="1",
+        TORCH_ARENA_CONF=SIM + ",leaks:True",
+        TORCH_ARENA_LEAK_REPORT=str(out),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-arena leak report, device 0" in proc.stderr, proc.stderr
+    assert f"train.py:{line} in <module>" in proc.stderr, proc.stderr
+    (device,) = json.loads(out.read_text())["devices"]
+    (site,) = device["growing"]
+    assert site["bytes_per_step"] == pytest.approx(1 << 20, rel=0.05)

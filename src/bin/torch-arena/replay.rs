@@ -550,7 +550,7 @@ pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) -> CliResult<()
         fmt_count(o.live_count)
     )?;
     outln!(
-        "    reserved: {}, of which cached (reserved, not allocated): {}",
+        "    reserved: {}, of which cached (idle pages, usable by any request): {}",
         fmt_bytes(o.reserved),
         fmt_bytes(o.cached)
     )?;
