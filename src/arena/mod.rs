@@ -436,7 +436,8 @@ struct Pending {
     events: Vec<EventHandle>,
     /// Streams still to record an event on: they were being captured at the free (an event
     /// recorded there would be a graph node), so the record waits until they are not (as
-    /// PyTorch defers it until no capture is under way).
+    /// PyTorch defers it until no capture is under way); or a driver call failed while
+    /// recording on them, and the record is tried again at the next poll.
     waiting: Vec<StreamId>,
 }
 

@@ -372,17 +372,24 @@ impl Inner {
 
     /// Record an event on each of `streams` for a pending free; a stream being captured is left
     /// in `waiting` (the record would become a graph node). A stream an event cannot be
-    /// created or recorded for is synchronised instead, or waited for if it is capturing.
+    /// created or recorded for is synchronised instead. A stream none of this could be done for
+    /// (a driver call failed: the capture query, the context switch around it, the record and
+    /// the synchronisation) is left in `waiting` too, to be tried again at the next poll: the
+    /// free has already happened for the caller, so nothing here may fail it half-way, and until
+    /// an event or a synchronisation proves the stream done the memory stays pending.
     pub(super) fn record_frees(
         &mut self,
         streams: Vec<StreamId>,
         events: &mut Vec<EventHandle>,
         waiting: &mut Vec<StreamId>,
-    ) -> Result<()> {
+    ) {
         for s in streams {
-            if self.dev.is_capturing(s)? {
-                waiting.push(s);
-                continue;
+            match self.dev.is_capturing(s) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => {
+                    waiting.push(s);
+                    continue;
+                }
             }
             let e = match self.spare_events.pop() {
                 Some(e) => e,
@@ -390,19 +397,22 @@ impl Inner {
                     Ok(e) => e,
                     Err(_) => {
                         // Without an event we cannot wait later: wait now.
-                        self.dev.synchronize_stream(s)?;
+                        if self.dev.synchronize_stream(s).is_err() {
+                            waiting.push(s);
+                        }
                         continue;
                     }
                 },
             };
             if self.dev.record_event(e, s).is_err() {
                 self.spare_events.push(e);
-                self.dev.synchronize_stream(s)?;
+                if self.dev.synchronize_stream(s).is_err() {
+                    waiting.push(s);
+                }
                 continue;
             }
             events.push(e);
         }
-        Ok(())
     }
 }
 
