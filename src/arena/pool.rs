@@ -418,6 +418,29 @@ impl Inner {
 
 /// A pool hook called out of order: the caller broke the contract.
 impl Inner {
+    /// For the out-of-memory message: released private pools with idle pages that no
+    /// device-wide synchronisation since their release has proven unused, and those pages.
+    /// Walks those states' idle lists, on the failure path only.
+    pub(super) fn released_pool_pages(&self) -> (u64, u64) {
+        let (mut pools, mut pages) = (std::collections::HashSet::new(), 0u64);
+        for st in self
+            .streams
+            .iter()
+            .filter(|st| !st.retired && !st.pinned && st.pool.is_some())
+        {
+            let mut at = st.idle_head;
+            while at != PageRef::NONE {
+                let slot = self.slot(at);
+                if slot.idle_stamp > st.safe_seq {
+                    pages += slot.hlen as u64;
+                    pools.insert(st.pool);
+                }
+                at = slot.idle_next;
+            }
+        }
+        (pools.len() as u64, pages)
+    }
+
     /// For the out-of-memory message: what private pools hold that nothing else may use, as
     /// PyTorch's message names memory "allocated in private pools (e.g., CUDA Graphs)". Empty
     /// when no pool holds a page. O(pages of the live pools), on the failure path only.
