@@ -13,6 +13,11 @@ impl Inner {
     ) -> Result<Block> {
         self.poll_pending();
         let s = self.state_for(stream, pool)?;
+        if pool.is_some() && !self.streams[s as usize].captured {
+            // Whether a graph may use this state's memory (pool.rs, `capture_fence`); a failed
+            // query counts as yes.
+            self.streams[s as usize].captured = self.dev.is_capturing(stream).unwrap_or(true);
+        }
         // A request the limit cannot give even with every cached page moved fails here, before
         // any driver call or host allocation proportional to it.
         if !self.within_reach(size) {

@@ -396,6 +396,12 @@ struct StreamState {
     /// A pool's state before its release: its pages stay mapped where they are (never on the
     /// idle list, never unmapped, stitched away or released) and it is never retired.
     pinned: bool,
+    /// A pool's state that served an allocation while its stream was being captured (or when
+    /// that could not be told): its memory may be in a graph, which may replay on any stream,
+    /// so once released only a device-wide synchronisation proves its pages unused. A pool's
+    /// state that never did (`use_mem_pool`, inductor's warm-up: a pool recording with no
+    /// capture) holds stream-ordered memory, proven by its stream's fence like any other.
+    captured: bool,
 }
 
 impl StreamState {
@@ -417,6 +423,7 @@ impl StreamState {
             retired: false,
             pool,
             pinned: pool.is_some(),
+            captured: false,
         }
     }
 

@@ -281,9 +281,10 @@ impl Inner {
 
     /// `stream_done_with`'s answer where capture decides it, `None` where the ordinary fence
     /// applies: a page stamped `stamp` of state `s` is proven unused
-    /// - if `s` is a pool's state, only by a device-wide synchronisation after its release (its
-    ///   graphs may replay on any stream): with `block`, one is made unless a capture may be
-    ///   under way;
+    /// - if `s` is a pool's state that served a capture, only by a device-wide synchronisation
+    ///   after its release (its graphs may replay on any stream): with `block`, one is made
+    ///   unless a capture may be under way; a released state that never served one holds
+    ///   stream-ordered memory, which the ordinary fence proves;
     /// - if `s`'s stream is being captured, only by a fence recorded before the capture began
     ///   (it is queried, never waited for: nothing new is recorded on a capturing stream).
     pub(super) fn capture_fence(
@@ -296,7 +297,7 @@ impl Inner {
         if stamp <= st.safe_seq {
             return Ok(Some(true));
         }
-        if st.pool.is_some() {
+        if st.pool.is_some() && (st.pinned || st.captured) {
             if st.pinned || !block || self.capture_underway()? {
                 return Ok(Some(false));
             }
@@ -359,7 +360,9 @@ impl Inner {
         let seq = self.seq;
         for s in 0..self.streams.len() {
             let st = &self.streams[s];
-            if st.retired || st.pool.is_some() || self.dev.is_capturing(st.id)? {
+            // A released pool state that never served a capture is stream-ordered memory.
+            let graphs = st.pool.is_some() && (st.pinned || st.captured);
+            if st.retired || graphs || self.dev.is_capturing(st.id)? {
                 continue;
             }
             self.dev.synchronize_stream(st.id)?;
@@ -426,7 +429,7 @@ impl Inner {
         for st in self
             .streams
             .iter()
-            .filter(|st| !st.retired && !st.pinned && st.pool.is_some())
+            .filter(|st| !st.retired && !st.pinned && st.pool.is_some() && st.captured)
         {
             let mut at = st.idle_head;
             while at != PageRef::NONE {

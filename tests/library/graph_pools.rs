@@ -561,3 +561,58 @@ fn released_pools_wait_for_the_capture_and_the_message_says_so() {
     arena.check_consistency().unwrap();
     assert_eq!(arena.stats().reserved_bytes.all().current, 0);
 }
+
+/// A pool that recorded with no capture (`use_mem_pool`, inductor's warm-up) holds
+/// stream-ordered memory: once released, its stream's fence proves its pages unused, with no
+/// device-wide synchronisation, so they serve other streams while another pool records.
+#[test]
+fn a_released_pool_that_never_captured_is_usable_during_another_capture() {
+    let (dev, arena) = rig(1024);
+    let pool = (5, 0);
+    arena.begin_pool(pool).unwrap();
+    let blocks: Vec<u64> = (0..3)
+        .map(|_| arena.malloc_pool(200 * MIB, 3, pool).unwrap())
+        .collect();
+    for &b in &blocks {
+        dev.launch(3, b, 200 * MIB);
+    }
+    for b in blocks {
+        arena.free(b, None, 3).unwrap();
+    }
+    arena.end_pool(pool).unwrap();
+    arena.release_pool(pool).unwrap();
+    // A capture into another pool is under way on stream 8.
+    let other = (6, 0);
+    arena.begin_pool(other).unwrap();
+    dev.begin_capture(8).unwrap();
+    // 700 MiB on stream 2: only with the released pool's 600 MiB (stream 3 synchronised alone).
+    let big = arena.malloc(700 * MIB, 2).unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    assert_eq!(arena.pool_info(pool).map(|p| p.mapped_pages), Some(0));
+    // A pool that did serve a capture still waits for the device-wide synchronisation.
+    let captured = (7, 0);
+    arena.begin_pool(captured).unwrap();
+    dev.begin_capture(9).unwrap();
+    let c = arena.malloc_pool(200 * MIB, 9, captured).unwrap();
+    arena.free(c, None, 9).unwrap();
+    let g = dev.end_capture(9).unwrap();
+    arena.end_pool(captured).unwrap();
+    arena.release_pool(captured).unwrap();
+    arena.free(big, None, 2).unwrap();
+    let e = arena.malloc(900 * MIB, 2).unwrap_err().to_string();
+    assert!(
+        e.contains("200.00 MiB in 1 released private pool(s) (CUDA graphs) awaiting"),
+        "{e}"
+    );
+    let g8 = dev.end_capture(8).unwrap();
+    arena.end_pool(other).unwrap();
+    arena.release_pool(other).unwrap();
+    let again = arena.malloc(900 * MIB, 2).unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    arena.free(again, None, 2).unwrap();
+    dev.destroy_graph(g);
+    dev.destroy_graph(g8);
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
