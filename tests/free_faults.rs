@@ -6,8 +6,9 @@
 //! one more call has run, the statistics, the bytes the driver holds and a refill to capacity
 //! agree with a free that saw no fault.
 //!
-//! Every position is tried: a first run with no fault counts the calls of each kind the free
-//! makes, then one run per (call, n) fails the n-th of them.
+//! Every position is tried, in the free and in the next allocation (which polls the pending
+//! free): a first run with no fault counts the calls of each kind the window makes, then one run
+//! per (call, n) fails the n-th of them.
 
 #[path = "fixtures/fakecuda.rs"]
 mod fakecuda;
@@ -117,16 +118,31 @@ fn counts(fake: &Fake) -> Vec<i64> {
     CALLS.iter().map(|c| fake.count(c)).collect()
 }
 
+/// Where the injected fault falls.
+#[derive(Clone, Copy, Debug)]
+enum Window {
+    /// The free itself.
+    Free,
+    /// The next allocation after the free, which polls the pending free (records on the streams
+    /// left waiting, queries the events).
+    Poll,
+}
+
 /// One free of a `BLOCK` used on `OTHER` as `how` says, with the `n`-th next call of `call`
-/// failing during it (`None`: no fault), then the checks. Returns how many calls of each kind
-/// the free made, or what disagreed.
-fn free_with_fault(vmm: bool, how: Use, fault: Option<(&str, i32)>) -> Result<Vec<i64>, String> {
+/// failing in `window` (`None`: no fault), then the checks. Returns how many calls of each kind
+/// the window made, or what disagreed.
+fn free_with_fault(
+    vmm: bool,
+    how: Use,
+    window: Window,
+    fault: Option<(&str, i32)>,
+) -> Result<Vec<i64>, String> {
     let (_guard, fake) = fakecuda::session();
     fake.set_vmm(vmm);
     fake.set_capacity(CAPACITY);
     let dev = Arc::new(CudaDevice::open(0).unwrap());
     let arena = Arena::new(dev.clone() as Arc<dyn Device>, &Config::default()).unwrap();
-    let at = format!("vmm={vmm} {how:?} fault={fault:?}");
+    let at = format!("vmm={vmm} {how:?} {window:?} fault={fault:?}");
 
     let p = arena.malloc(BLOCK, OWNER).unwrap();
     arena.record_stream(p, OTHER).unwrap();
@@ -135,17 +151,24 @@ fn free_with_fault(vmm: bool, how: Use, fault: Option<(&str, i32)>) -> Result<Ve
         Use::Capturing => begin_capture(fake, &dev, OTHER),
         Use::Done => {}
     }
+    let arm = || {
+        if let Some((call, n)) = fault {
+            fake.fail_nth(call, n);
+        }
+    };
+    let disarm = || {
+        if let Some((call, _)) = fault {
+            fake.fail_nth(call, 0);
+        }
+    };
 
     let before = counts(fake);
-    if let Some((call, n)) = fault {
-        fake.fail_nth(call, n);
+    if let Window::Free = window {
+        arm();
     }
     let freed = arena.free(p, Some(BLOCK), OWNER);
-    let after = counts(fake);
-    if let Some((call, _)) = fault {
-        fake.fail_nth(call, 0);
-    }
-    let made: Vec<i64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let mut made = counts(fake);
+    disarm();
     // A driver fault is the arena's to retry: PyTorch ignores what a free returns (checked
     // last, so that what a failed free left shows first).
     let free_error = freed.err();
@@ -156,12 +179,37 @@ fn free_with_fault(vmm: bool, how: Use, fault: Option<(&str, i32)>) -> Result<Ve
     if st.allocated_bytes.all().current != 0 {
         return Err(format!("{at}: still allocated after the free"));
     }
+    if let Window::Poll = window {
+        // The capture ends first, so that the poll records on the stream left waiting.
+        if let Use::Capturing = how {
+            end_capture(fake, &dev, OTHER);
+        }
+        let before = counts(fake);
+        arm();
+        let small = arena.malloc(4096, OWNER);
+        made = counts(fake);
+        disarm();
+        for (m, b) in made.iter_mut().zip(before) {
+            *m -= b;
+        }
+        arena
+            .check_consistency()
+            .map_err(|e| format!("{at}: after the poll: {e}"))?;
+        // A fault may fail the allocation; one that succeeded is freed again.
+        if let Ok(q) = small {
+            arena.free(q, None, OWNER).unwrap();
+        }
+    } else {
+        for (m, b) in made.iter_mut().zip(before) {
+            *m -= b;
+        }
+    }
 
     // The other stream's use ends; one more call (empty_cache) gives everything back.
-    match how {
-        Use::Busy => fake.set_stream_busy(OTHER, false),
-        Use::Capturing => end_capture(fake, &dev, OTHER),
-        Use::Done => {}
+    match (how, window) {
+        (Use::Busy, _) => fake.set_stream_busy(OTHER, false),
+        (Use::Capturing, Window::Free) => end_capture(fake, &dev, OTHER),
+        _ => {}
     }
     arena
         .empty_cache()
@@ -229,16 +277,19 @@ fn every_fault_position(vmm: bool) {
     let mut failures = Vec::new();
     let mut positions = 0;
     for how in [Use::Busy, Use::Capturing, Use::Done] {
-        let made = free_with_fault(vmm, how, None).unwrap();
-        for (call, &k) in CALLS.iter().zip(&made) {
-            for n in 1..=k as i32 {
-                positions += 1;
-                if let Err(e) = free_with_fault(vmm, how, Some((call, n))) {
-                    failures.push(e);
+        for window in [Window::Free, Window::Poll] {
+            let made = free_with_fault(vmm, how, window, None).unwrap();
+            for (call, &k) in CALLS.iter().zip(&made) {
+                for n in 1..=k as i32 {
+                    positions += 1;
+                    if let Err(e) = free_with_fault(vmm, how, window, Some((call, n))) {
+                        failures.push(e);
+                    }
                 }
             }
         }
     }
+    eprintln!("vmm={vmm}: {positions} fault positions");
     assert!(positions >= 10, "only {positions} fault positions");
     assert!(
         failures.is_empty(),
