@@ -417,10 +417,7 @@ impl Inner {
             events.push(e);
         }
     }
-}
 
-/// A pool hook called out of order: the caller broke the contract.
-impl Inner {
     /// For the out-of-memory message: released private pools with idle pages that no
     /// device-wide synchronisation since their release has proven unused, and those pages.
     /// Walks those states' idle lists, on the failure path only.
@@ -443,7 +440,10 @@ impl Inner {
         }
         (pools.len() as u64, pages)
     }
+}
 
+/// A pool hook called out of order: the caller broke the contract.
+impl Inner {
     /// For the out-of-memory message: what private pools hold that nothing else may use, as
     /// PyTorch's message names memory "allocated in private pools (e.g., CUDA Graphs)". Empty
     /// when no pool holds a page. O(pages of the live pools), on the failure path only.
