@@ -72,8 +72,21 @@ impl Inner {
     /// Mapped VMM pages that hold nothing and cannot move ([`PageCounts::held`]): the unused pages
     /// of handles that are not idle. One visit per handle and per unmapped page: for reports.
     pub(super) fn held_pages(&self) -> u64 {
+        self.held_pages_where(|_| true)
+    }
+
+    /// [`Self::held_pages`] less those of live private pools (pinned: they hold their pages
+    /// until released, whatever is allocated; the out-of-memory message names them apart).
+    pub(super) fn held_pages_outside_pools(&self) -> u64 {
+        self.held_pages_where(|r| !self.region_pinned(r))
+    }
+
+    fn held_pages_where(&self, keep: impl Fn(u32) -> bool) -> u64 {
         let mut held = 0;
-        for r in self.regions.iter().filter(|r| r.live && !r.plain) {
+        for (id, r) in self.regions.iter().enumerate() {
+            if !r.live || r.plain || !keep(id as u32) {
+                continue;
+            }
             let mut p = 0;
             while p < r.pages.len() {
                 let head = &r.pages[p];

@@ -44,8 +44,10 @@ impl Inner {
         } else {
             self.recorded.remove(&ptr)
         };
+        // Nothing after this point may fail: the statistics above already count the block as
+        // freed, and PyTorch does not retry a free (a driver fault leaves it pending instead).
         match extra {
-            Some(streams) => self.defer_free(ptr, found, streams)?,
+            Some(streams) => self.defer_free(ptr, found, streams),
             None => self.finish_free(ptr, found),
         }
         match size {
@@ -81,16 +83,13 @@ impl Inner {
         )
     }
 
-    /// Record an event on each stream the allocation was used on; reuse waits for them.
-    pub(super) fn defer_free(
-        &mut self,
-        ptr: u64,
-        found: Found,
-        streams: Vec<StreamId>,
-    ) -> Result<()> {
+    /// Record an event on each stream the allocation was used on; reuse waits for them. Never
+    /// fails: a stream that could not be recorded on (capturing, or a driver fault) is waited
+    /// for at the next poll.
+    pub(super) fn defer_free(&mut self, ptr: u64, found: Found, streams: Vec<StreamId>) {
         let mut events = Vec::with_capacity(streams.len());
         let mut waiting = Vec::new();
-        self.record_frees(streams, &mut events, &mut waiting)?;
+        self.record_frees(streams, &mut events, &mut waiting);
         if events.is_empty() && waiting.is_empty() {
             self.finish_free(ptr, found);
         } else {
@@ -104,7 +103,6 @@ impl Inner {
                 waiting,
             });
         }
-        Ok(())
     }
 
     /// Finish pending frees whose events have completed, oldest first.
@@ -122,15 +120,11 @@ impl Inner {
     pub(super) fn finish_pending(&mut self, all_done: bool) {
         while let Some(front) = self.pending.front() {
             if !all_done && !front.waiting.is_empty() {
-                // Streams that were capturing at the free: record on them once they are not.
+                // Streams that were capturing at the free, or that a driver fault kept us from
+                // recording on: record on them now if we can (else again at the next poll).
                 let streams = std::mem::take(&mut self.pending[0].waiting);
                 let (mut events, mut waiting) = (Vec::new(), Vec::new());
-                if self
-                    .record_frees(streams.clone(), &mut events, &mut waiting)
-                    .is_err()
-                {
-                    waiting = streams; // try again at the next poll
-                }
+                self.record_frees(streams, &mut events, &mut waiting);
                 let p = &mut self.pending[0];
                 p.events.extend(events);
                 p.waiting = waiting;

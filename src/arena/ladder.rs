@@ -13,10 +13,19 @@ impl Inner {
     ) -> Result<Block> {
         self.poll_pending();
         let s = self.state_for(stream, pool)?;
+        if pool.is_some() && !self.streams[s as usize].captured {
+            // Whether a graph may use this state's memory (pool.rs, `capture_fence`); a failed
+            // query counts as yes.
+            self.streams[s as usize].captured = self.dev.is_capturing(stream).unwrap_or(true);
+        }
         // A request the limit cannot give even with every cached page moved fails here, before
         // any driver call or host allocation proportional to it.
         if !self.within_reach(size) {
-            return Err(self.out_of_memory(size));
+            // Empty slabs kept for their size class hold pages no live allocation needs: let
+            // them go (host only, no driver call) and look again.
+            if self.dissolve_empty_slabs() == 0 || !self.within_reach(size) {
+                return Err(self.out_of_memory(size));
+            }
         }
         let created = self.stats.num_device_alloc;
         self.serving = size;
@@ -127,12 +136,10 @@ impl Inner {
         Ok(true)
     }
 
-    /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
-    /// with `release`, give the pool (and idle plain segments) back to the driver.
-    pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
-        let whole = self.synchronize_all()?;
-        let synced = self.seq;
-        let mut report = ReclaimReport::default();
+    /// Dissolve every empty current slab (the others are dissolved as they empty): their pages
+    /// go idle once nothing else is on them. Host only. Returns how many.
+    pub(super) fn dissolve_empty_slabs(&mut self) -> u64 {
+        let mut n = 0;
         for s in 0..self.streams.len() {
             // A retired stream's slot has no classes.
             for ci in 0..self.streams[s].classes.len() {
@@ -142,10 +149,22 @@ impl Inner {
                 {
                     cs.current = None;
                     self.dissolve_slab(id);
-                    report.slabs_released += 1;
+                    n += 1;
                 }
             }
         }
+        n
+    }
+
+    /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
+    /// with `release`, give the pool (and idle plain segments) back to the driver.
+    pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
+        let whole = self.synchronize_all()?;
+        let synced = self.seq;
+        let mut report = ReclaimReport {
+            slabs_released: self.dissolve_empty_slabs(),
+            ..ReclaimReport::default()
+        };
         // Every idle page is proven unused after a device-wide synchronisation; during a capture
         // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
         // just now are too: nothing can have used them since.
@@ -325,6 +344,8 @@ impl Inner {
         }
     }
 
+    /// The out-of-memory message: what the device has, and where every reserved byte is, each
+    /// kind named with what would free it. O(pages), on the failure path only.
     pub(super) fn oom_message(&self, size: u64) -> String {
         let (free, total) = self
             .dev
@@ -333,10 +354,18 @@ impl Inner {
         let s = &self.stats;
         let reserved = s.reserved_bytes.all().current as u64;
         let allocated = s.allocated_bytes.all().current as u64;
+        // Idle mapped and pooled pages, as `pages()` and the replay count them (`cached_bytes`).
         let pages = self.page_counts();
-        let idle = pages.idle_mapped * self.page;
+        // Freed, but waiting for the streams they were used on (record_stream).
+        let pending = (s.active_bytes.all().current as u64).saturating_sub(allocated);
+        // Idle pages of released private pools that no synchronisation has proven unused yet
+        // are not usable: they are not "cached" (pool.rs, `released_pool_pages`).
+        let (released_pools, released) = self.released_pool_pages();
+        let released = released * self.page;
+        let idle = (pages.idle_mapped * self.page).saturating_sub(released);
         let pooled = pages.pooled * self.page;
-        let held = pages.held * self.page;
+        // Held pages of live private pools are reported with the pools (`pool_oom_note`).
+        let held = self.held_pages_outside_pools() * self.page;
         let split = s.inactive_split_bytes.all().current.max(0) as u64;
         let allowed = if self.fraction < 1.0 {
             format!(
@@ -346,12 +375,46 @@ impl Inner {
         } else {
             String::new()
         };
+        let holders = if pending > 0 {
+            "live allocations or freed ones still waiting"
+        } else {
+            "live allocations"
+        };
+        let pending = if pending > 0 {
+            format!(
+                "{} in freed allocations waiting for the streams they were used on \
+                 (record_stream), ",
+                format_size(pending)
+            )
+        } else {
+            String::new()
+        };
+        let released = if released > 0 {
+            let frees = if self.recording_pools > 0 {
+                format!(
+                    "none may run while a CUDA graph capture is under way ({} private pool(s) \
+                     recording): once the capture ends, the next allocation that needs it, \
+                     torch.cuda.synchronize() or empty_cache() makes it usable",
+                    self.recording_pools
+                )
+            } else {
+                "torch.cuda.synchronize() or empty_cache() makes it usable".to_string()
+            };
+            format!(
+                "{} in {released_pools} released private pool(s) (CUDA graphs) awaiting a \
+                 synchronisation (a graph may still be replaying on any stream until a \
+                 device-wide synchronisation proves it done; {frees}), ",
+                format_size(released)
+            )
+        } else {
+            String::new()
+        };
         format!(
             "CUDA out of memory. Tried to allocate {}. GPU {} has a total capacity of {} of which {} is \
              free.{allowed} torch-arena holds {} reserved: {} allocated to live tensors ({} requested), \
-             {} cached ({} in idle mapped pages, {} in unmapped pages), {} unused in pages that cannot \
-             move (their handles also hold live allocations) and {} free inside partially used pages \
-             ({:.1}% fragmentation). Live allocations: {}.{}",
+             {pending}{} cached ({} in idle mapped pages, {} in unmapped pages), {released}{} unused \
+             in pages that cannot move (their handles also hold {holders}) and {} free inside \
+             partially used pages ({:.1}% fragmentation). Live allocations: {}.{}",
             format_size(size),
             self.info.ordinal,
             format_size(total),
@@ -359,7 +422,7 @@ impl Inner {
             format_size(reserved),
             format_size(allocated),
             format_size(s.requested_bytes.all().current as u64),
-            format_size(pages.cached_bytes()),
+            format_size(idle + pooled),
             format_size(idle),
             format_size(pooled),
             format_size(held),

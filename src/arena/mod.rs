@@ -396,6 +396,12 @@ struct StreamState {
     /// A pool's state before its release: its pages stay mapped where they are (never on the
     /// idle list, never unmapped, stitched away or released) and it is never retired.
     pinned: bool,
+    /// A pool's state that served an allocation while its stream was being captured (or when
+    /// that could not be told): its memory may be in a graph, which may replay on any stream,
+    /// so once released only a device-wide synchronisation proves its pages unused. A pool's
+    /// state that never did (`use_mem_pool`, inductor's warm-up: a pool recording with no
+    /// capture) holds stream-ordered memory, proven by its stream's fence like any other.
+    captured: bool,
 }
 
 impl StreamState {
@@ -417,6 +423,7 @@ impl StreamState {
             retired: false,
             pool,
             pinned: pool.is_some(),
+            captured: false,
         }
     }
 
@@ -436,7 +443,8 @@ struct Pending {
     events: Vec<EventHandle>,
     /// Streams still to record an event on: they were being captured at the free (an event
     /// recorded there would be a graph node), so the record waits until they are not (as
-    /// PyTorch defers it until no capture is under way).
+    /// PyTorch defers it until no capture is under way); or a driver call failed while
+    /// recording on them, and the record is tried again at the next poll.
     waiting: Vec<StreamId>,
 }
 

@@ -281,9 +281,10 @@ impl Inner {
 
     /// `stream_done_with`'s answer where capture decides it, `None` where the ordinary fence
     /// applies: a page stamped `stamp` of state `s` is proven unused
-    /// - if `s` is a pool's state, only by a device-wide synchronisation after its release (its
-    ///   graphs may replay on any stream): with `block`, one is made unless a capture may be
-    ///   under way;
+    /// - if `s` is a pool's state that served a capture, only by a device-wide synchronisation
+    ///   after its release (its graphs may replay on any stream): with `block`, one is made
+    ///   unless a capture may be under way; a released state that never served one holds
+    ///   stream-ordered memory, which the ordinary fence proves;
     /// - if `s`'s stream is being captured, only by a fence recorded before the capture began
     ///   (it is queried, never waited for: nothing new is recorded on a capturing stream).
     pub(super) fn capture_fence(
@@ -296,7 +297,7 @@ impl Inner {
         if stamp <= st.safe_seq {
             return Ok(Some(true));
         }
-        if st.pool.is_some() {
+        if st.pool.is_some() && (st.pinned || st.captured) {
             if st.pinned || !block || self.capture_underway()? {
                 return Ok(Some(false));
             }
@@ -359,7 +360,9 @@ impl Inner {
         let seq = self.seq;
         for s in 0..self.streams.len() {
             let st = &self.streams[s];
-            if st.retired || st.pool.is_some() || self.dev.is_capturing(st.id)? {
+            // A released pool state that never served a capture is stream-ordered memory.
+            let graphs = st.pool.is_some() && (st.pinned || st.captured);
+            if st.retired || graphs || self.dev.is_capturing(st.id)? {
                 continue;
             }
             self.dev.synchronize_stream(st.id)?;
@@ -372,17 +375,24 @@ impl Inner {
 
     /// Record an event on each of `streams` for a pending free; a stream being captured is left
     /// in `waiting` (the record would become a graph node). A stream an event cannot be
-    /// created or recorded for is synchronised instead, or waited for if it is capturing.
+    /// created or recorded for is synchronised instead. A stream none of this could be done for
+    /// (a driver call failed: the capture query, the context switch around it, the record and
+    /// the synchronisation) is left in `waiting` too, to be tried again at the next poll: the
+    /// free has already happened for the caller, so nothing here may fail it half-way, and until
+    /// an event or a synchronisation proves the stream done the memory stays pending.
     pub(super) fn record_frees(
         &mut self,
         streams: Vec<StreamId>,
         events: &mut Vec<EventHandle>,
         waiting: &mut Vec<StreamId>,
-    ) -> Result<()> {
+    ) {
         for s in streams {
-            if self.dev.is_capturing(s)? {
-                waiting.push(s);
-                continue;
+            match self.dev.is_capturing(s) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => {
+                    waiting.push(s);
+                    continue;
+                }
             }
             let e = match self.spare_events.pop() {
                 Some(e) => e,
@@ -390,19 +400,45 @@ impl Inner {
                     Ok(e) => e,
                     Err(_) => {
                         // Without an event we cannot wait later: wait now.
-                        self.dev.synchronize_stream(s)?;
+                        if self.dev.synchronize_stream(s).is_err() {
+                            waiting.push(s);
+                        }
                         continue;
                     }
                 },
             };
             if self.dev.record_event(e, s).is_err() {
                 self.spare_events.push(e);
-                self.dev.synchronize_stream(s)?;
+                if self.dev.synchronize_stream(s).is_err() {
+                    waiting.push(s);
+                }
                 continue;
             }
             events.push(e);
         }
-        Ok(())
+    }
+
+    /// For the out-of-memory message: released private pools with idle pages that no
+    /// device-wide synchronisation since their release has proven unused, and those pages.
+    /// Walks those states' idle lists, on the failure path only.
+    pub(super) fn released_pool_pages(&self) -> (u64, u64) {
+        let (mut pools, mut pages) = (std::collections::HashSet::new(), 0u64);
+        for st in self
+            .streams
+            .iter()
+            .filter(|st| !st.retired && !st.pinned && st.pool.is_some() && st.captured)
+        {
+            let mut at = st.idle_head;
+            while at != PageRef::NONE {
+                let slot = self.slot(at);
+                if slot.idle_stamp > st.safe_seq {
+                    pages += slot.hlen as u64;
+                    pools.insert(st.pool);
+                }
+                at = slot.idle_next;
+            }
+        }
+        (pools.len() as u64, pages)
     }
 }
 

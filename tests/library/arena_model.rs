@@ -296,6 +296,54 @@ fn pages_a_live_block_holds_unused_are_counted_and_named_when_memory_runs_out() 
 }
 
 #[test]
+fn with_nothing_live_the_out_of_memory_message_calls_every_page_cached() {
+    // Small tensors of many classes, all freed: the classes' current slabs stay, empty, each on
+    // a page of the small pool (some of them handles of several pages). Nothing is live, so no
+    // page "cannot move": a request for 1 PiB, refused before any driver call, reports every
+    // reserved byte cached, not held "by live allocations" (issue 37, item 11).
+    use torch_arena::stats::summary::format_size;
+    let sim = Arc::new(SimDevice::new(SimConfig::new(16 << 30, PAGE, false)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let small: Vec<u64> = (0..20_000u64)
+        .map(|i| arena.malloc(512 * (1 + i * 7919 % 2000), 1).unwrap())
+        .collect();
+    for p in small {
+        arena.free(p, None, 1).unwrap();
+    }
+    let e = arena.malloc(1 << 50, 1).unwrap_err().to_string();
+    let reserved = format_size(arena.stats().reserved_bytes.all().current as u64);
+    assert!(
+        e.contains(&format!("holds {reserved} reserved")) && e.contains("Live allocations: 0."),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("(0 bytes requested), {reserved} cached")),
+        "{e}"
+    );
+    assert!(
+        e.contains(" 0 bytes unused in pages that cannot move"),
+        "{e}"
+    );
+    let pages = arena.extras().pages;
+    assert_eq!((pages.in_use, pages.held), (0, 0), "{pages:?}");
+    arena.check_consistency().unwrap();
+
+    // A freed block waiting for another stream (record_stream) is named as such.
+    let b = arena.malloc(64 << 20, 1).unwrap();
+    arena.record_stream(b, 2).unwrap();
+    sim.launch(2, b, 64 << 20);
+    arena.free(b, None, 1).unwrap();
+    let e = arena.malloc(1 << 50, 1).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "64.00 MiB in freed allocations waiting for the streams they were used on (record_stream)"
+        ),
+        "{e}"
+    );
+    arena.check_consistency().unwrap();
+}
+
+#[test]
 fn medium_blocks_share_creates_whatever_the_large_blocks_hold() {
     // 1 GiB device: a 512 MiB block first (more than an eighth of the limit), then 3 MiB
     // blocks, each of 2 pages. Growth steps scale with what medium blocks needed, not with what

@@ -497,3 +497,122 @@ fn a_private_pool_grows_by_exactly_what_it_needs() {
     arena.check_consistency().unwrap();
     assert_eq!(arena.stats().reserved_bytes.all().current, 0);
 }
+
+/// Pools released while another pool records: their pages wait for a device-wide
+/// synchronisation, which may not run during the capture. General memory idle on a stream that
+/// is not capturing needs none (that stream is synchronised on its own) and is used; the
+/// out-of-memory message names the released pools' bytes apart from what is cached, and what
+/// frees them; once the capture ends they are used (issue 37, item 4).
+#[test]
+fn released_pools_wait_for_the_capture_and_the_message_says_so() {
+    use torch_arena::stats::summary::format_size;
+    let (dev, arena) = rig(4096);
+    // 1 GiB of general memory on stream 1, used by work still queued there, then freed.
+    let general = arena.malloc(1 << 30, 1).unwrap();
+    dev.launch(1, general, 1 << 30);
+    arena.free(general, None, 1).unwrap();
+    // 100 graphs of 24 MiB each, captured on stream 7, released and destroyed.
+    for i in 1..=100u64 {
+        let pool = (i, 0);
+        arena.begin_pool(pool).unwrap();
+        dev.begin_capture(7).unwrap();
+        let a = arena.malloc_pool(24 * MIB, 7, pool).unwrap();
+        arena.free(a, None, 7).unwrap();
+        let g = dev.end_capture(7).unwrap();
+        arena.end_pool(pool).unwrap();
+        arena.release_pool(pool).unwrap();
+        dev.destroy_graph(g);
+    }
+    // Another capture is under way on stream 8.
+    let other = (1000, 0);
+    arena.begin_pool(other).unwrap();
+    dev.begin_capture(8).unwrap();
+    // 1.5 GiB on stream 2: the free device and stream 1's idle gigabyte (synchronised alone).
+    let big = arena.malloc(3 << 29, 2).unwrap();
+    // 1 GiB more: only the released pools' 2.34 GiB would do, and no synchronisation may prove
+    // them unused now.
+    let e = arena.malloc(1 << 30, 2).unwrap_err().to_string();
+    let released = format_size(100 * 24 * MIB);
+    assert!(
+        e.contains(&format!(
+            "{released} in 100 released private pool(s) (CUDA graphs) awaiting a synchronisation"
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("none may run while a CUDA graph capture is under way"),
+        "{e}"
+    );
+    assert!(
+        e.contains("0 bytes cached (0 bytes in idle mapped pages"),
+        "the released pools' pages are not cached: {e}"
+    );
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    // The capture ends: the same request synchronises the device and gets their pages.
+    let g = dev.end_capture(8).unwrap();
+    arena.end_pool(other).unwrap();
+    let more = arena.malloc(1 << 30, 2).unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    arena.free(more, None, 2).unwrap();
+    arena.free(big, None, 2).unwrap();
+    arena.release_pool(other).unwrap();
+    dev.destroy_graph(g);
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
+
+/// A pool that recorded with no capture (`use_mem_pool`, inductor's warm-up) holds
+/// stream-ordered memory: once released, its stream's fence proves its pages unused, with no
+/// device-wide synchronisation, so they serve other streams while another pool records.
+#[test]
+fn a_released_pool_that_never_captured_is_usable_during_another_capture() {
+    let (dev, arena) = rig(1024);
+    let pool = (5, 0);
+    arena.begin_pool(pool).unwrap();
+    let blocks: Vec<u64> = (0..3)
+        .map(|_| arena.malloc_pool(200 * MIB, 3, pool).unwrap())
+        .collect();
+    for &b in &blocks {
+        dev.launch(3, b, 200 * MIB);
+    }
+    for b in blocks {
+        arena.free(b, None, 3).unwrap();
+    }
+    arena.end_pool(pool).unwrap();
+    arena.release_pool(pool).unwrap();
+    // A capture into another pool is under way on stream 8.
+    let other = (6, 0);
+    arena.begin_pool(other).unwrap();
+    dev.begin_capture(8).unwrap();
+    // 700 MiB on stream 2: only with the released pool's 600 MiB (stream 3 synchronised alone).
+    let big = arena.malloc(700 * MIB, 2).unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    assert_eq!(arena.pool_info(pool).map(|p| p.mapped_pages), Some(0));
+    // A pool that did serve a capture still waits for the device-wide synchronisation.
+    let captured = (7, 0);
+    arena.begin_pool(captured).unwrap();
+    dev.begin_capture(9).unwrap();
+    let c = arena.malloc_pool(200 * MIB, 9, captured).unwrap();
+    arena.free(c, None, 9).unwrap();
+    let g = dev.end_capture(9).unwrap();
+    arena.end_pool(captured).unwrap();
+    arena.release_pool(captured).unwrap();
+    arena.free(big, None, 2).unwrap();
+    let e = arena.malloc(900 * MIB, 2).unwrap_err().to_string();
+    assert!(
+        e.contains("200.00 MiB in 1 released private pool(s) (CUDA graphs) awaiting"),
+        "{e}"
+    );
+    let g8 = dev.end_capture(8).unwrap();
+    arena.end_pool(other).unwrap();
+    arena.release_pool(other).unwrap();
+    let again = arena.malloc(900 * MIB, 2).unwrap();
+    assert!(dev.violations().is_empty(), "{:?}", dev.violations());
+    arena.free(again, None, 2).unwrap();
+    dev.destroy_graph(g);
+    dev.destroy_graph(g8);
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
