@@ -104,9 +104,8 @@ impl Inner {
     }
 
     /// Pages mapped under slabs count as small-pool segments, all others as large: a page moving
-    /// between them is freed by one pool and allocated by the other, and the device-wide row
-    /// (`all`) counts both, as the sum of the pools, its current value unchanged
-    /// ([`crate::stats::StatArray::transfer`]).
+    /// between them moves its allocation from one pool to the other; the device-wide row (`all`)
+    /// stays the pools' sum and counts one page created once ([`crate::stats::StatArray::transfer`]).
     pub(super) fn move_reserved(&mut self, from: Pool, to: Pool, pages: u64, handles: u64) {
         let bytes = (pages * self.page) as i64;
         self.stats.segment.transfer(from, to, handles as i64);

@@ -68,17 +68,25 @@ impl StatArray {
         self.0[pool as usize].decrease(n);
     }
 
-    /// `n` moves from pool `from` to pool `to`: `from` frees it and `to` allocates it, and the
-    /// aggregate counts both (its current and peak unchanged). PyTorch updates every stat of a
-    /// pool and the aggregate together, so `all.{current,allocated,freed}` always equal the
-    /// pools' sums (each stat also keeps `current == allocated - freed`); counting the move in
-    /// the pools alone broke that, and torch's `memory_summary` printed the difference.
+    /// `n` moves from pool `from` to pool `to`. PyTorch updates every stat of a pool and the
+    /// aggregate together, so `all.{current,allocated,freed}` always equal the pools' sums, and
+    /// the aggregate counts one page created as one allocation however often it moves. Both
+    /// hold: `from` takes back its allocation of `n` (current and allocated less `n`, so
+    /// `current == allocated - freed` still) and `to` allocates it; the aggregate is unchanged.
+    /// Only when `from` counted less than `n` allocated since `reset_accumulated` does the move
+    /// count as a free in `from`, and as both halves in the aggregate.
     #[inline]
     pub fn transfer(&mut self, from: Pool, to: Pool, n: i64) {
-        self.0[from as usize].decrease(n);
+        let f = &mut self.0[from as usize];
+        f.current -= n;
+        if f.allocated >= n {
+            f.allocated -= n;
+        } else {
+            f.freed += n;
+            self.0[0].allocated += n;
+            self.0[0].freed += n;
+        }
         self.0[to as usize].increase(n);
-        self.0[0].allocated += n;
-        self.0[0].freed += n;
     }
 
     pub fn all(&self) -> &Stat {
@@ -176,5 +184,45 @@ impl DeviceStats {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums_hold(a: &StatArray) {
+        let [all, small, large] = a.0;
+        assert_eq!(all.current, small.current + large.current, "{a:?}");
+        assert_eq!(all.allocated, small.allocated + large.allocated, "{a:?}");
+        assert_eq!(all.freed, small.freed + large.freed, "{a:?}");
+        for s in a.0 {
+            assert_eq!(s.current, s.allocated - s.freed, "{a:?}");
+        }
+    }
+
+    /// A page that moves is one allocation in `all`, and `all` stays the pools' sum, also when
+    /// the pool it leaves was reset since it counted the page.
+    #[test]
+    fn a_transfer_keeps_all_the_sum_of_the_pools() {
+        let mut a = StatArray::default();
+        a.increase(Pool::Large, 2);
+        a.transfer(Pool::Large, Pool::Small, 2);
+        sums_hold(&a);
+        assert_eq!((a.all().allocated, a.all().current), (2, 2));
+        a.transfer(Pool::Small, Pool::Large, 2);
+        a.decrease(Pool::Large, 2);
+        sums_hold(&a);
+        assert_eq!((a.all().allocated, a.all().freed), (2, 2));
+
+        let mut b = StatArray::default();
+        b.increase(Pool::Large, 2);
+        b.for_each(Stat::reset_accumulated);
+        b.transfer(Pool::Large, Pool::Small, 2);
+        let [all, small, large] = b.0;
+        assert_eq!(all.current, small.current + large.current);
+        assert_eq!(all.allocated, small.allocated + large.allocated);
+        assert_eq!(all.freed, small.freed + large.freed);
+        assert_eq!(all.current, 2);
     }
 }
