@@ -218,3 +218,9 @@ fn pools_general_allocations_and_admin_calls_run_at_once_with_workers_on_one_str
     );
     assert_ok("mixed_one_stream", &r);
 }
+
+#[test]
+fn pools_general_allocations_and_admin_calls_run_at_once_on_the_fake_driver() {
+    let r = run("mixed", "device:cuda", Duration::from_secs(300));
+    assert_ok("mixed", &r);
+}
