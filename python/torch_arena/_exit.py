@@ -47,7 +47,9 @@ def _report_at_exit() -> None:
         sys.stderr.flush()
         path = os.environ.get("TORCH_ARENA_LEAK_REPORT", "")
         if path:
-            with open(_paths.expand(path), "w") as f:
-                json.dump({"devices": reports}, f, indent=1, default=str)
+            _paths.write_whole(
+                _paths.expand(path),
+                lambda f: json.dump({"devices": reports}, f, indent=1, default=str),
+            )
     except Exception as exc:  # at exit: say it, never raise
         print(f"torch-arena: the leak report at exit failed: {exc}", file=sys.stderr)

@@ -5,8 +5,9 @@ allocator cannot use).
 On with ``leaks:True`` in ``TORCH_ARENA_CONF``, or with ``TORCH_ARENA_OOM_SNAPSHOT`` set to a
 file name (``{rank}`` and ``{pid}`` expanded; ``0`` turns it off even with ``leaks:True``).
 The default name is ``torch-arena-oom-{rank}-{pid}.pickle`` in the working directory. Each OOM
-overwrites the process's file with the state at that OOM. A snapshot that cannot be written (a
-missing folder, a full disk) says so in the error's message, with the reason.
+overwrites the process's file with the state at that OOM, whole or not at all. A snapshot that
+cannot be written (a missing folder, a full disk) says so in the error's message, with the
+reason, and leaves the file written at an earlier OOM as it was.
 
 It is written from the library's out-of-memory observer (``torch_arena_set_oom_observer``),
 at the moment a request fails, before the error is raised: for an OOM inside a PyTorch
@@ -57,21 +58,11 @@ def _on_oom(device: int, size: int) -> str:
     try:
         return _dump(path)
     except Exception as exc:  # a missing folder, a full disk: say so in the error's message
-        _remove_partial(path)
         what = " ".join(str(exc).split()) or type(exc).__name__
         return (
             f"torch-arena: the memory snapshot at this out-of-memory error could not be "
             f"written to {path}: {what} (set {ENV} to a writable file, or to 0 to turn it off)"
         )
-
-
-def _remove_partial(path: str) -> None:
-    """Remove what a failed write left at ``path`` (a regular file only: never /dev/full)."""
-    try:
-        if os.path.isfile(path) and not os.path.islink(path):
-            os.remove(path)
-    except OSError:
-        pass
 
 
 def install(conf: str | None = None) -> bool:

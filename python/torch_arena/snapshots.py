@@ -145,13 +145,14 @@ def memory_snapshot(device: Any = None) -> list[dict[str, Any]]:
 
 def dump_snapshot(path: str = "dump_snapshot.pickle", device: Any = None) -> str:
     """Pickle :func:`snapshot` to ``path`` (``{rank}`` and ``{pid}`` expanded), as
-    ``torch.cuda.memory._dump_snapshot`` does; returns the path written."""
-    from ._paths import expand
+    ``torch.cuda.memory._dump_snapshot`` does; returns the path written. The file is replaced
+    whole or not at all."""
+    from ._paths import expand, write_whole
 
     path = expand(os.fspath(path))
     data = snapshot(device)
-    with open(path, "wb") as f:
-        pickle.dump(data, f)
+    # Whole or not at all: a kill or a full disk leaves the previous file, never half a pickle.
+    write_whole(path, lambda f: pickle.dump(data, f), binary=True)
     return path
 
 
