@@ -384,19 +384,16 @@ impl Inner {
                 waiting.push(s);
                 continue;
             }
-            let e = match self.spare_events.pop() {
-                Some(e) => e,
-                None => match self.dev.create_event() {
-                    Ok(e) => e,
-                    Err(_) => {
-                        // Without an event we cannot wait later: wait now.
-                        self.dev.synchronize_stream(s)?;
-                        continue;
-                    }
-                },
+            let e = match self.take_event() {
+                Ok(e) => e,
+                Err(_) => {
+                    // Without an event we cannot wait later: wait now.
+                    self.dev.synchronize_stream(s)?;
+                    continue;
+                }
             };
             if self.dev.record_event(e, s).is_err() {
-                self.spare_events.push(e);
+                self.give_back_event(e);
                 self.dev.synchronize_stream(s)?;
                 continue;
             }
