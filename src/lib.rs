@@ -11,6 +11,7 @@ pub mod arena;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod fork;
 pub mod json;
 pub mod log;
 mod ptr_table;

@@ -873,6 +873,27 @@ impl Arena {
     }
 
     /// The device this arena allocates from.
+    /// Before `fork()` (`crate::fork`): takes the arena's lock, then its device's locks.
+    pub fn fork_prepare(&self) {
+        let g = self.inner.lock();
+        g.dev.fork_prepare();
+        std::mem::forget(g);
+    }
+
+    /// After `fork()`, in the parent (`child` false) or the child: gives back what
+    /// [`Arena::fork_prepare`] took.
+    ///
+    /// # Safety
+    /// Once after each `fork_prepare`, on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: this thread holds the lock (the caller's contract), so the state is ours to
+        // read, and it is given back after the device's.
+        unsafe {
+            (*self.inner.data_ptr()).dev.fork_release(child);
+            crate::fork::release(&self.inner, child);
+        }
+    }
+
     pub fn device(&self) -> Arc<dyn Device> {
         self.inner.lock().dev.clone()
     }
