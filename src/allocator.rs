@@ -8,7 +8,7 @@ use once_cell::sync::OnceCell;
 
 use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
 use crate::config::{Config, DeviceKind};
-use crate::device::{DevPtr, Device, StreamId, cuda::CudaDevice, sim::SimDevice};
+use crate::device::{DevPtr, Device, DeviceError, StreamId, cuda::CudaDevice, sim::SimDevice};
 use crate::error::{Error, PointerFault, Result};
 use crate::resource::{Recorded, Request, Resource, Tracked};
 use crate::stats::DeviceStats;
@@ -100,10 +100,55 @@ impl TorchArena {
 
     /// The arena of `device`, opening the device on first use.
     pub fn arena(&self, device: i32) -> Result<&Arena> {
-        self.slot(device)?.get_or_try_init(|| {
+        let slot = self.slot(device)?;
+        if let Some(a) = slot.get() {
+            return Ok(a);
+        }
+        // Made under `fork::OPENING`, so a fork child never finds it half made (a lock of the
+        // cell's own that no fork handler could take).
+        let _opening = crate::fork::OPENING.lock();
+        slot.get_or_try_init(|| {
             let dev = self.open_device(device)?;
-            Arena::new(dev, &self.conf)
+            let arena = Arena::new(dev, &self.conf)?;
+            self.track.open_device(device);
+            Ok(arena)
         })
+    }
+
+    /// In a fork child of a process that used the CUDA device (`crate::fork`): the error every
+    /// request for device memory gets.
+    fn refuse_in_forked_child(&self) -> Result<()> {
+        if self.conf.device == DeviceKind::Cuda && crate::fork::in_child() {
+            return Err(Error::Device(DeviceError::ForkedChild));
+        }
+        Ok(())
+    }
+
+    /// Before `fork()` (`crate::fork`): takes every lock of this allocator in the lock order:
+    /// the trace recorder, each open arena (and its device), the tracker.
+    pub fn fork_prepare(&self) {
+        crate::trace::format::fork_prepare(self.recorder.as_ref());
+        for a in self.arenas.iter().filter_map(OnceCell::get) {
+            a.fork_prepare();
+        }
+        self.track.fork_prepare();
+    }
+
+    /// After `fork()`, in the parent (`child` false) or the child: gives back what
+    /// [`TorchArena::fork_prepare`] took (in the child the trace file stops being written).
+    ///
+    /// # Safety
+    /// Once after each `fork_prepare`, on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: each was taken by `fork_prepare` on this thread (the caller's contract); an
+        // arena opened since would need `OPENING`, which the fork handlers hold.
+        unsafe {
+            self.track.fork_release(child);
+            for a in self.arenas.iter().filter_map(OnceCell::get) {
+                a.fork_release(child);
+            }
+            crate::trace::format::fork_release(self.recorder.as_ref(), child);
+        }
     }
 
     /// Arenas already opened, with their ordinals.
@@ -173,6 +218,8 @@ impl TorchArena {
         if size == 0 {
             return Ok(0);
         }
+        // Before the arena: a cached block would be handed out with no driver call to refuse it.
+        self.refuse_in_forked_child()?;
         let arena = self.arena(device)?;
         // Before any lock: capturing Python frames, and a new site's text for the trace file,
         // take the GIL.
@@ -197,6 +244,11 @@ impl TorchArena {
     /// it would leak it for good.
     pub fn free(&self, ptr: DevPtr, size: usize, device: i32, stream: StreamId) -> Result<()> {
         if ptr == 0 {
+            return Ok(());
+        }
+        if self.refuse_in_forked_child().is_err() {
+            // A fork child's garbage collector frees the CUDA tensors it inherited: nothing of
+            // the parent's context may be touched here, and nothing needs to be.
             return Ok(());
         }
         let arena = self.arena(device)?;
@@ -233,6 +285,7 @@ impl TorchArena {
 
     /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
     pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
+        self.refuse_in_forked_child()?;
         let arena = self.owner(ptr)?;
         arena.record_stream(ptr, stream)?;
         if let Ok((base, _)) = arena.base_alloc(ptr) {

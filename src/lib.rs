@@ -12,6 +12,7 @@ pub mod atomic_file;
 pub mod config;
 pub mod device;
 pub mod error;
+pub mod fork;
 pub mod json;
 pub mod log;
 mod ptr_table;

@@ -107,6 +107,21 @@ static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The leaf lock: held only to push or pop records, never while calling anything else.
 static QUEUE: Mutex<VecDeque<Record>> = Mutex::new(VecDeque::new());
 
+/// Before `fork()` (`crate::fork`): holds the queue (a leaf, the last lock in the lock order: any
+/// other may be held while logging).
+pub fn fork_prepare() {
+    crate::fork::hold(&QUEUE);
+}
+
+/// After `fork()`: gives back what [`fork_prepare`] held.
+///
+/// # Safety
+/// Once after each [`fork_prepare`], on the same thread.
+pub unsafe fn fork_release(child: bool) {
+    // SAFETY: the caller's contract.
+    unsafe { crate::fork::release(&QUEUE, child) };
+}
+
 // ---------------------------------------------------------------------------------------------
 // Levels.
 

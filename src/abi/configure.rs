@@ -18,24 +18,23 @@ pub unsafe extern "C" fn torch_arena_configure(conf: *const c_char) -> c_int {
         let text = unsafe { c_str(conf, "torch_arena_configure") }?;
         let parsed = parse_conf(text, "torch_arena_configure")?;
         let mut installed_now = false;
-        let inst = INSTANCE
-            .get_or_try_init(|| {
-                // try_new: a `trace` file that cannot be created is a configuration error.
-                TorchArena::try_new(parsed.clone()).map(|arena| {
-                    installed_now = true;
-                    Installed {
-                        arena,
-                        conf: text.to_string(),
-                        source: "torch_arena_configure",
-                    }
-                })
+        let inst = init_instance(|| {
+            // try_new: a `trace` file that cannot be created is a configuration error.
+            TorchArena::try_new(parsed.clone()).map(|arena| {
+                installed_now = true;
+                Installed {
+                    arena,
+                    conf: text.to_string(),
+                    source: "torch_arena_configure",
+                }
             })
-            .map_err(|e| {
-                Failure::new(
-                    TORCH_ARENA_ERR_CONFIG,
-                    format!("torch_arena_configure({text:?}): {e}"),
-                )
-            })?;
+        })
+        .map_err(|e| {
+            Failure::new(
+                TORCH_ARENA_ERR_CONFIG,
+                format!("torch_arena_configure({text:?}): {e}"),
+            )
+        })?;
         if installed_now {
             log_configured(inst);
             Ok(())

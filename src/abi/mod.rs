@@ -505,7 +505,7 @@ fn instance() -> Outcome<&'static TorchArena> {
     }
     let text = crate::allocator::conf_from_env().unwrap_or_default();
     let mut installed_now = false;
-    let made = INSTANCE.get_or_try_init(|| {
+    let made = init_instance(|| {
         TorchArena::from_env().map(|arena| {
             installed_now = true;
             Installed {
@@ -532,6 +532,43 @@ fn instance() -> Outcome<&'static TorchArena> {
                 tracing::error!("{e}");
             }
             Err(Failure::from(e.clone()).logged(true))
+        }
+    }
+}
+
+/// `INSTANCE.get_or_try_init(make)`, with the fork handlers registered first and under
+/// `fork::OPENING`, so a fork child never finds the instance half made.
+fn init_instance<E>(
+    make: impl FnOnce() -> std::result::Result<Installed, E>,
+) -> std::result::Result<&'static Installed, E> {
+    if let Some(i) = INSTANCE.get() {
+        return Ok(i);
+    }
+    crate::fork::install(fork_prepare, fork_release);
+    let _opening = crate::fork::OPENING.lock();
+    INSTANCE.get_or_try_init(make)
+}
+
+/// Before `fork()` (`crate::fork`, after `OPENING`): every lock of the instance, then the
+/// process-wide leaves (the last error, the log queue).
+fn fork_prepare() {
+    if let Some(i) = INSTANCE.get() {
+        i.arena.fork_prepare();
+    }
+    crate::fork::hold(&LAST_ERROR_GLOBAL);
+    crate::log::fork_prepare();
+}
+
+/// After `fork()`, in the parent (`child` false) or the child: gives back what [`fork_prepare`]
+/// took, in reverse order.
+fn fork_release(child: bool) {
+    // SAFETY: each was taken by `fork_prepare` on this thread, just before the fork (the
+    // instance cannot have been installed since: that needs `OPENING`, held around both).
+    unsafe {
+        crate::log::fork_release(child);
+        crate::fork::release(&LAST_ERROR_GLOBAL, child);
+        if let Some(i) = INSTANCE.get() {
+            i.arena.fork_release(child);
         }
     }
 }

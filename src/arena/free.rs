@@ -142,7 +142,9 @@ impl Inner {
                 break;
             }
             let p = self.pending.pop_front().expect("front exists");
-            self.spare_events.extend(p.events);
+            for e in p.events {
+                self.give_back_event(e);
+            }
             self.pending_ptrs.remove(&p.ptr);
             let found = self
                 .locate(p.ptr)

@@ -210,6 +210,10 @@ fn large_pages(limit: u64, page: u64) -> u32 {
 /// to the pool, their reservations and page tables are given back).
 const STREAMS_KEPT: usize = 16;
 const STREAM_IDLE_REQUESTS: u64 = 256;
+/// Driver events kept for reuse (stream fences, pending frees' events); past this many, an event
+/// given back is destroyed. A retired stream gives its fence back, so without a bound (or without
+/// reuse) every short-lived stream would leave an event in the driver (issue 37, item 3).
+const SPARE_EVENTS_KEPT: usize = 64;
 /// Idle handles passed over per stream when looking for one small enough to stitch (a bound on
 /// the work of one miss; the list is oldest first, so the search stops at the first the GPU may
 /// still use anyway).
@@ -877,6 +881,27 @@ impl Arena {
     }
 
     /// The device this arena allocates from.
+    /// Before `fork()` (`crate::fork`): takes the arena's lock, then its device's locks.
+    pub fn fork_prepare(&self) {
+        let g = self.inner.lock();
+        g.dev.fork_prepare();
+        std::mem::forget(g);
+    }
+
+    /// After `fork()`, in the parent (`child` false) or the child: gives back what
+    /// [`Arena::fork_prepare`] took.
+    ///
+    /// # Safety
+    /// Once after each `fork_prepare`, on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: this thread holds the lock (the caller's contract), so the state is ours to
+        // read, and it is given back after the device's.
+        unsafe {
+            (*self.inner.data_ptr()).dev.fork_release(child);
+            crate::fork::release(&self.inner, child);
+        }
+    }
+
     pub fn device(&self) -> Arc<dyn Device> {
         self.inner.lock().dev.clone()
     }

@@ -592,7 +592,7 @@ impl Inner {
         let event = match st.fence {
             Some(e) => e,
             None => {
-                let e = self.dev.create_event()?;
+                let e = self.take_event()?;
                 self.streams[s as usize].fence = Some(e);
                 self.streams[s as usize].fence_seq = 0;
                 e

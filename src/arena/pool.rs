@@ -394,21 +394,18 @@ impl Inner {
                     continue;
                 }
             }
-            let e = match self.spare_events.pop() {
-                Some(e) => e,
-                None => match self.dev.create_event() {
-                    Ok(e) => e,
-                    Err(_) => {
-                        // Without an event we cannot wait later: wait now.
-                        if self.dev.synchronize_stream(s).is_err() {
-                            waiting.push(s);
-                        }
-                        continue;
+            let e = match self.take_event() {
+                Ok(e) => e,
+                Err(_) => {
+                    // Without an event we cannot wait later: wait now.
+                    if self.dev.synchronize_stream(s).is_err() {
+                        waiting.push(s);
                     }
-                },
+                    continue;
+                }
             };
             if self.dev.record_event(e, s).is_err() {
-                self.spare_events.push(e);
+                self.give_back_event(e);
                 if self.dev.synchronize_stream(s).is_err() {
                     waiting.push(s);
                 }

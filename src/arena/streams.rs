@@ -124,10 +124,12 @@ impl Inner {
             self.drop_region(r)?;
         }
         let st = &mut self.streams[s as usize];
-        if let Some(e) = st.fence.take() {
-            self.spare_events.push(e);
-        }
+        let fence = st.fence.take();
         let (id, pool) = (st.id, st.pool);
+        if let Some(e) = fence {
+            self.give_back_event(e);
+        }
+        let st = &mut self.streams[s as usize];
         *st = StreamState::retired();
         match pool {
             Some(p) => self.forget_pool_state(p, id, s),
@@ -145,5 +147,23 @@ impl Inner {
             "idle stream retired"
         );
         Ok(true)
+    }
+
+    /// An event for a fence or a pending free: a spare one if any, else a new one.
+    pub(super) fn take_event(&mut self) -> std::result::Result<EventHandle, DeviceError> {
+        match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.dev.create_event(),
+        }
+    }
+
+    /// Event `e` is no longer used: kept for reuse, or destroyed past [`SPARE_EVENTS_KEPT`], so
+    /// what the driver holds for events is bounded whatever the number of streams ever seen.
+    pub(super) fn give_back_event(&mut self, e: EventHandle) {
+        if self.spare_events.len() < SPARE_EVENTS_KEPT {
+            self.spare_events.push(e);
+        } else if let Err(err) = self.dev.destroy_event(e) {
+            tracing::debug!(device = self.info.ordinal, error = %err, "cuEventDestroy failed");
+        }
     }
 }

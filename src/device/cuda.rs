@@ -521,6 +521,9 @@ impl CudaDevice {
     /// Errors: [`DeviceError::NoDriver`] when no usable driver is loaded (library missing, toolkit
     /// stub, `cuInit` failure), [`DeviceError::Driver`] for a bad ordinal or a failing query.
     pub fn open(ordinal: i32) -> DeviceResult<CudaDevice> {
+        if crate::fork::in_child() {
+            return Err(DeviceError::ForkedChild);
+        }
         let drv = Driver::get()?;
         let api = &drv.api;
 
@@ -665,6 +668,9 @@ impl CudaDevice {
     /// synchronises on a capturing stream. What conflicts with capture in any mode (syncing a
     /// capturing stream or the device, querying a captured event) the arena avoids itself.
     fn ctx(&self) -> DeviceResult<CtxGuard> {
+        if crate::fork::in_child() {
+            return Err(DeviceError::ForkedChild);
+        }
         let api = &self.drv.api;
         let mut cur: sys::CUcontext = ptr::null_mut();
         // SAFETY: plain driver call.
@@ -725,6 +731,9 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
+        if crate::fork::in_child() {
+            return; // the parent's context, not ours to release
+        }
         // SAFETY: balances the retain in `open`.
         let rc = unsafe { (self.drv.api.primary_ctx_release)(self.device) };
         if rc != CUDA_SUCCESS {

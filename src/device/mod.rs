@@ -217,6 +217,9 @@ pub enum DeviceError {
     },
     /// The caller broke the device contract (e.g. unmapping a range that is not mapped).
     Misuse(String),
+    /// A CUDA call in a process forked from one that used CUDA (`crate::fork`): its context
+    /// does not survive `fork()`.
+    ForkedChild,
 }
 
 impl fmt::Display for DeviceError {
@@ -232,6 +235,14 @@ impl fmt::Display for DeviceError {
                 write!(f, "{call} failed with CUDA error {code}: {message}")
             }
             DeviceError::Misuse(what) => write!(f, "device misuse: {what}"),
+            DeviceError::ForkedChild => f.write_str(
+                "CUDA cannot be used in a forked child process: this process was forked from one \
+                 that had initialised CUDA, and a CUDA context does not survive fork(). To use \
+                 CUDA with multiprocessing, use the 'spawn' start method \
+                 (multiprocessing.set_start_method('spawn'), or \
+                 DataLoader(..., multiprocessing_context='spawn')); memory inherited from the \
+                 parent may still be freed",
+            ),
         }
     }
 }
@@ -294,6 +305,14 @@ pub(crate) fn map_run_with<C>(
 pub trait Device: Send + Sync {
     /// Static facts about the device.
     fn info(&self) -> &DeviceInfo;
+
+    /// Before `fork()` (`crate::fork`), with the arena's lock held: takes the device's own
+    /// locks, if any (the simulated device's state). The default has none.
+    fn fork_prepare(&self) {}
+
+    /// After `fork()`, in the parent (`child` false) or the child: gives back what
+    /// [`Device::fork_prepare`] took. Called once after each `fork_prepare`, on its thread.
+    fn fork_release(&self, _child: bool) {}
 
     /// `(free, total)` bytes as the driver sees them (cuMemGetInfo).
     fn mem_get_info(&self) -> DeviceResult<(u64, u64)>;

@@ -532,6 +532,40 @@ pub fn flush_all() {
     }
 }
 
+/// Before `fork()` (`crate::fork`): holds the registry, then `rec`'s lock (the recorder comes
+/// first in the allocator's lock order).
+pub fn fork_prepare(rec: Option<&Recorder>) {
+    crate::fork::hold(&REGISTRY);
+    if let Some(r) = rec {
+        crate::fork::hold(&r.state);
+    }
+}
+
+/// After `fork()`: gives back what [`fork_prepare`] held. In the child, `rec` stops recording
+/// and drops its buffer unwritten: the lines buffered there are the parent's to write, and the
+/// file is the parent's record (a child that wrote to it would write them twice and mix its own
+/// allocations in).
+///
+/// # Safety
+/// Once after each [`fork_prepare`] with the same `rec`, on the same thread.
+pub unsafe fn fork_release(rec: Option<&Recorder>, child: bool) {
+    if let Some(r) = rec {
+        if child {
+            // SAFETY: this thread holds the lock (the caller's contract); no other thread exists.
+            let st = unsafe { &mut *r.state.data_ptr() };
+            if let Some(out) = st.out.take() {
+                // `into_parts` hands back the buffer without writing it; the child's copy of
+                // the descriptor closes.
+                drop(out.into_parts());
+            }
+        }
+        // SAFETY: as above.
+        unsafe { crate::fork::release(&r.state, child) };
+    }
+    // SAFETY: as above.
+    unsafe { crate::fork::release(&REGISTRY, child) };
+}
+
 /// Records allocations and frees to a `torch-arena-trace` file, for the plugin's `trace:PATH`.
 ///
 /// Memory is bounded: lines go through a 256 KiB buffer, written out when full, on [`flush`],

@@ -579,6 +579,57 @@ impl Tracker {
 
     /// Whether history is on (the allocator then reads reserved bytes around each call).
     #[inline]
+    /// Makes the tracking state of `device` (the process-wide allocator does it when it opens the
+    /// device's arena, under [`crate::fork::OPENING`], so no fork child finds it half made).
+    pub fn open_device(&self, device: i32) {
+        let _ = self.device(device);
+    }
+
+    // ----- fork (crate::fork) -------------------------------------------------------------------
+
+    /// Before `fork()`: takes every lock of the tracker (the step lock, which is held while the
+    /// site table and boundaries are, first; the others are leaves), and the site tables' and
+    /// the symbol cache's.
+    pub fn fork_prepare(&self) {
+        crate::fork::hold(&self.step_lock);
+        crate::fork::hold(&self.tags);
+        for d in self.devices.iter().filter_map(OnceCell::get) {
+            crate::fork::hold(&d.site_live);
+            crate::fork::hold(&d.boundaries);
+            crate::fork::hold(&d.history);
+            for s in d.shards.iter() {
+                s.0.hold();
+            }
+        }
+        self.interner.fork_prepare();
+        self.symbols.fork_prepare();
+        sites::fork_prepare();
+    }
+
+    /// After `fork()`, in the parent (`child` false) or the child: gives back what
+    /// [`Tracker::fork_prepare`] took.
+    ///
+    /// # Safety
+    /// Once after each [`Tracker::fork_prepare`], on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: each was held by `fork_prepare` on this thread (the caller's contract).
+        unsafe {
+            sites::fork_release(child);
+            self.symbols.fork_release(child);
+            self.interner.fork_release(child);
+            for d in self.devices.iter().filter_map(OnceCell::get) {
+                for s in d.shards.iter() {
+                    s.0.release();
+                }
+                crate::fork::release(&d.history, child);
+                crate::fork::release(&d.boundaries, child);
+                crate::fork::release(&d.site_live, child);
+            }
+            crate::fork::release(&self.tags, child);
+            crate::fork::release(&self.step_lock, child);
+        }
+    }
+
     pub fn history_enabled(&self) -> bool {
         self.history_on.load(Ordering::Relaxed)
     }

@@ -105,6 +105,20 @@ impl Interner {
         g.stacks.get((id as usize).checked_sub(1)?).cloned()
     }
 
+    /// Before `fork()` (`crate::fork`): holds the table's lock.
+    pub fn fork_prepare(&self) {
+        crate::fork::hold(&self.inner);
+    }
+
+    /// After `fork()`: gives back what [`Interner::fork_prepare`] held.
+    ///
+    /// # Safety
+    /// Once after each `fork_prepare`, on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { crate::fork::release(&self.inner, child) };
+    }
+
     /// Number of interned stacks.
     pub fn len(&self) -> usize {
         self.inner.lock().stacks.len()
@@ -402,6 +416,20 @@ const OWN_FRAMES: &[&str] = &[
 const ENTRY_FRAMES: &[&str] = &["torch_arena_malloc+", "torch_arena_try_malloc+"];
 
 impl Symbolizer {
+    /// Before `fork()` (`crate::fork`): holds the cache's lock.
+    pub fn fork_prepare(&self) {
+        crate::fork::hold(&self.cache);
+    }
+
+    /// After `fork()`: gives back what [`Symbolizer::fork_prepare`] held.
+    ///
+    /// # Safety
+    /// Once after each `fork_prepare`, on the same thread.
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { crate::fork::release(&self.cache, child) };
+    }
+
     /// The text of `frames` (innermost first), leading torch-arena frames dropped. Takes the GIL
     /// for Python frames not seen before: call it with no lock of ours held.
     pub fn resolve(&self, frames: &[Frame]) -> Vec<Arc<FrameText>> {
@@ -498,6 +526,20 @@ struct ElfSyms {
 
 static ELF_CACHE: Lazy<Mutex<HashMap<String, Option<Arc<ElfSyms>>>>> =
     Lazy::new(|| Mutex::new(HashMap::new()));
+
+/// Before `fork()` (`crate::fork`): holds the symbol tables' cache (a leaf lock).
+pub fn fork_prepare() {
+    crate::fork::hold(&ELF_CACHE);
+}
+
+/// After `fork()`: gives back what [`fork_prepare`] held.
+///
+/// # Safety
+/// Once after each `fork_prepare`, on the same thread.
+pub unsafe fn fork_release(child: bool) {
+    // SAFETY: the caller's contract.
+    unsafe { crate::fork::release(&ELF_CACHE, child) };
+}
 
 /// `(object path, "symbol+0xoff")` of a return address (`"?"` where unknown).
 pub fn resolve_native(ip: usize) -> (String, String) {

@@ -53,6 +53,19 @@ impl<T> SpinLock<T> {
         SpinGuard { lock: self }
     }
 
+    /// Locks for a fork and keeps it locked past this call ([`SpinLock::release`] unlocks).
+    pub fn hold(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Unlocks what [`SpinLock::hold`] locked.
+    ///
+    /// # Safety
+    /// This thread (in a fork child, the thread that forked) holds the lock through `hold`.
+    pub unsafe fn release(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
     #[cold]
     fn lock_slow(&self) {
         let mut spins = 0u32;

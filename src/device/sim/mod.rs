@@ -265,6 +265,15 @@ impl Device for SimDevice {
         &self.info
     }
 
+    fn fork_prepare(&self) {
+        crate::fork::hold(&self.state);
+    }
+
+    fn fork_release(&self, child: bool) {
+        // SAFETY: held by `fork_prepare` on this thread (the trait's contract).
+        unsafe { crate::fork::release(&self.state, child) };
+    }
+
     fn mem_get_info(&self) -> DeviceResult<(u64, u64)> {
         let mut s = self.state.lock();
         s.counters.mem_get_info += 1;
