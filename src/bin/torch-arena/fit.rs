@@ -219,7 +219,7 @@ fn fit_trace(s: &FitSettings, arg: &TraceArg, tick: &mpsc::Sender<()>) -> CliRes
     let mut fits = Vec::new();
     for a in allocators(s, &trace) {
         let timing = match &a {
-            Allocator::Arena { conf, .. } => s.timing_for(conf)?,
+            Allocator::Arena { conf, .. } => timing_under(&s.timing, conf)?,
             Allocator::Native { .. } => s.timing.clone(),
         };
         let f = lib_fit::fit(&trace, &a, &timing, &mut |_| {})
@@ -231,16 +231,6 @@ fn fit_trace(s: &FitSettings, arg: &TraceArg, tick: &mpsc::Sender<()>) -> CliRes
         info: trace_info(arg, &trace),
         fits,
     })
-}
-
-impl FitSettings {
-    fn timing_for(&self, conf: &Config) -> CliResult<Timing> {
-        let mut t = self.timing.clone();
-        if let Some(path) = &conf.driver_costs {
-            t.costs = DriverCosts::load(Path::new(path))?;
-        }
-        Ok(t)
-    }
 }
 
 /// The most bytes requested at once over every step, as the replays that fit saw it (the trace's

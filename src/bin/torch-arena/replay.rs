@@ -60,11 +60,7 @@ impl ReplaySettings {
 
     /// The timing of a run under `conf`: the costs file of its `driver_costs` key, if any.
     pub(crate) fn timing_for(&self, conf: &Config) -> CliResult<Timing> {
-        let mut t = self.timing.clone();
-        if let Some(path) = &conf.driver_costs {
-            t.costs = DriverCosts::load(Path::new(path))?;
-        }
-        Ok(t)
+        timing_under(&self.timing, conf)
     }
 
     /// Parse one `--conf`; `sim_capacity_mb` is refused (replay sets it from `--capacity`).
@@ -105,6 +101,15 @@ impl ReplaySettings {
         }
         Ok(())
     }
+}
+
+/// `timing` with the costs file of `conf`'s `driver_costs` key, if it has one.
+pub(crate) fn timing_under(timing: &Timing, conf: &Config) -> CliResult<Timing> {
+    let mut t = timing.clone();
+    if let Some(path) = &conf.driver_costs {
+        t.costs = DriverCosts::load(Path::new(path))?;
+    }
+    Ok(t)
 }
 
 pub(crate) fn conf_name(label: &str) -> &str {
