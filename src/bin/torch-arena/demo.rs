@@ -129,6 +129,27 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
     };
     outln!("{}", wrap(&intro, 96))?;
     outln!()?;
+    // Bytes at the limit first: what each allocator needs, not what it caches with room to spare.
+    let fit_timing = Timing {
+        gpu_lag_ns: 0,
+        ..s.timing.clone()
+    };
+    let trace = with_spinner(s.progress, "fitting", &o.info.name, || arg.load())?;
+    let fits = with_spinner(s.progress, "fitting", &o.info.name, || {
+        fit_default_settings(&trace, &s.confs[0], &fit_timing)
+    })?;
+    drop(trace);
+    outln!(
+        "The smallest GPU on which all {} replay steps run with no out-of-memory, for each \
+         allocator (torch-arena fit, GPU lag 0):",
+        s.timing.repeat
+    )?;
+    print_table(&fit_rows(&fits, o.info.peak_requested))?;
+    outln!()?;
+    outln!(
+        "The same steps on a simulated {} GPU, where memory is plentiful:",
+        fmt_bytes(s.capacity)
+    )?;
     print_outcome(&s, &o)?;
     if let Some(Ok(r)) = o.runs.first().map(|r| &r.outcome) {
         outln!("torch-arena in memory_summary terms:")?;
@@ -174,7 +195,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
             outln!("  {k:<50} {v:>22}")?;
         }
         outln!()?;
-        outln!("{}", wrap(&demo_reading(&s, &o, r), 96))?;
+        outln!("{}", wrap(&demo_reading(&s, &o, r, &fits), 96))?;
     }
     if let Some(p) = &s.plot {
         let file = plot_path_for(p, &o.info.name);
@@ -205,7 +226,12 @@ pub(crate) fn steady_calls(steps: &[StepStats]) -> String {
 }
 
 /// A paragraph that reads the demo's table for a person.
-pub(crate) fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResult) -> String {
+pub(crate) fn demo_reading(
+    s: &ReplaySettings,
+    o: &TraceOutcome,
+    r: &ReplayResult,
+    fits: &[Fit],
+) -> String {
     let nbb = |b| nb(fmt_bytes(b));
     let nbf = |f| nb(fmt_frag(f));
     let nbc = |n| nb(fmt_count(n));
@@ -214,6 +240,33 @@ pub(crate) fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResul
         "Reading: at its peak the run had {} of tensors live. ",
         nbb(req)
     );
+    let arena_min = fits
+        .iter()
+        .find(|f| f.allocator == "arena")
+        .and_then(|f| f.min_capacity);
+    if let (Some(a), Some(b)) = (arena_min, best_native(fits)) {
+        let best = fits
+            .iter()
+            .find(|f| f.allocator == "native" && f.min_capacity == Some(b))
+            .map_or(String::new(), |f| match f.conf.as_str() {
+                "" => "its defaults".to_string(),
+                c => c.to_string(),
+            });
+        let (diff, word) = if a <= b {
+            (b - a, "less")
+        } else {
+            (a - b, "more")
+        };
+        t += &format!(
+            "The smallest GPU it runs on is what decides whether a workload fits: torch-arena \
+             needs {}, PyTorch's native allocator at best {} (with {best}), so \
+             torch-arena needs {} {word}. ",
+            nbb(a),
+            nbb(b),
+            nbb(diff)
+        );
+    }
+    t += &format!("On the {} GPU: ", nbb(s.capacity));
     if let Some(oom) = &r.oom {
         t += &format!(
             "torch-arena ran out of memory at event {} on this {} GPU (the report above says \
@@ -246,8 +299,10 @@ pub(crate) fn demo_reading(s: &ReplaySettings, o: &TraceOutcome, r: &ReplayResul
             };
             t += &format!(
                 "PyTorch's native allocator, emulated on the same events, would reserve {} ({} \
-                 more than requested): torch-arena needs {} {word} ({:.1}\u{a0}% of the native \
-                 figure). ",
+                 more than requested) and torch-arena {} {word} ({:.1}\u{a0}% of the native \
+                 figure): what \
+                 each keeps cached while memory is plentiful, not what each needs (native gives \
+                 its cache back when memory runs short). ",
                 nbb(nat),
                 nbf(fragmentation(nat, req)),
                 nbb(diff),

@@ -5,7 +5,8 @@
 
 use crate::*;
 use std::sync::Mutex;
-use torch_arena::trace::fit::{self as lib_fit, Allocator, Fit};
+pub(crate) use torch_arena::trace::fit::Fit;
+use torch_arena::trace::fit::{self as lib_fit, Allocator};
 
 /// The settings of one `fit`.
 struct FitSettings {
@@ -244,7 +245,7 @@ fn peak_requested(t: &TraceFit) -> u64 {
 }
 
 /// The least capacity among the native settings that fit, if any did.
-fn best_native(fits: &[Fit]) -> Option<u64> {
+pub(crate) fn best_native(fits: &[Fit]) -> Option<u64> {
     fits.iter()
         .filter(|f| f.allocator == "native")
         .filter_map(|f| f.min_capacity)
@@ -272,10 +273,9 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> C
             return Ok(true);
         }
     };
-    let best = best_native(&t.fits);
     let peak = peak_requested(&t);
     if s.json {
-        outln!("{}", fit_json(s, &t, best))?;
+        outln!("{}", fit_json(s, &t, best_native(&t.fits)))?;
         return Ok(false);
     }
     outln!(
@@ -293,6 +293,17 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> C
         },
         fmt_secs(s.timing.gpu_lag_ns as f64 / 1e9)
     )?;
+    print_table(&fit_rows(&t.fits, peak))?;
+    outln!("  (vs best native: bytes the setting needs less than the best native setting)")?;
+    outln!()?;
+    Ok(false)
+}
+
+/// The table of `fits` (header first): per allocator and setting, the minimum, its ratio to
+/// `peak` requested, what it saves or needs beside the best native setting, and the last step's
+/// cost there. `fit` and `demo` print it.
+pub(crate) fn fit_rows(fits: &[Fit], peak: u64) -> Vec<Vec<String>> {
+    let best = best_native(fits);
     let mut rows = vec![vec![
         "allocator".to_string(),
         "min capacity".into(),
@@ -303,7 +314,7 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> C
         "stall".into(),
         "settings".into(),
     ]];
-    for f in &t.fits {
+    for f in fits {
         let step = f.at_min.as_ref().map(|a| &a.last_step);
         rows.push(vec![
             f.allocator.to_string(),
@@ -322,10 +333,35 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> C
             conf_name(&f.conf).to_string(),
         ]);
     }
-    print_table(&rows)?;
-    outln!("  (vs best native: bytes the setting needs less than the best native setting)")?;
-    outln!()?;
-    Ok(false)
+    rows
+}
+
+/// The arena under `conf` and native under its defaults and `expandable_segments:True` (and what
+/// the trace recorded), fitted on `trace` with `timing`: what `demo` leads with.
+pub(crate) fn fit_default_settings(
+    trace: &Trace,
+    conf: &(String, Config),
+    timing: &Timing,
+) -> CliResult<Vec<Fit>> {
+    let s = FitSettings {
+        confs: vec![conf.clone()],
+        native_confs: DEFAULT_NATIVE_CONFS.iter().map(|c| c.to_string()).collect(),
+        native_given: false,
+        timing: timing.clone(),
+        json: false,
+        progress: false,
+        jobs: 1,
+    };
+    allocators(&s, trace)
+        .iter()
+        .map(|a| {
+            let timing = match a {
+                Allocator::Arena { conf, .. } => timing_under(&s.timing, conf)?,
+                Allocator::Native { .. } => s.timing.clone(),
+            };
+            lib_fit::fit(trace, a, &timing, &mut |_| {}).map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// `+1.25 GiB` less than the best native (saved), `-300.00 MiB` more, `0 B` the same.

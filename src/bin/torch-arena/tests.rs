@@ -462,17 +462,37 @@ fn plot_panel_has_every_allocator() {
 }
 
 #[test]
-fn demo_reading_compares_with_native() {
+fn demo_reading_leads_with_the_smallest_gpu_then_compares_caches() {
     let s = ReplaySettings::new(Some(false));
     let o = outcome(false, false);
     let Ok(r) = &o.runs[0].outcome else { panic!() };
-    let t = demo_reading(&s, &o, r).replace('\u{a0}', " ");
+    let fit = |allocator, conf: &str, mib: u64| Fit {
+        allocator,
+        conf: conf.into(),
+        min_capacity: Some(mib << 20),
+        at_min: None,
+        trials: 1,
+    };
+    let fits = [
+        fit("arena", "", 106),
+        fit("native", "", 110),
+        fit("native", "expandable_segments:True", 104),
+    ];
+    let t = demo_reading(&s, &o, r, &fits).replace('\u{a0}', " ");
     assert!(t.contains("100.00 MiB of tensors live"), "{t}");
     assert!(
-        t.contains("torch-arena needs 20.00 MiB less (15.4 % of the native figure)"),
+        t.contains(
+            "torch-arena needs 106.00 MiB, PyTorch's native allocator at best 104.00 MiB (with \
+             expandable_segments:True), so torch-arena needs 2.00 MiB more"
+        ),
         "{t}"
     );
+    assert!(
+        t.contains("and torch-arena 20.00 MiB less (15.4 % of the native figure)"),
+        "{t}"
+    );
+    assert!(t.contains("not what each needs"), "{t}");
     let o = outcome(true, false);
     let Ok(r) = &o.runs[0].outcome else { panic!() };
-    assert!(demo_reading(&s, &o, r).contains("ran out of memory at event 7"));
+    assert!(demo_reading(&s, &o, r, &fits).contains("ran out of memory at event 7"));
 }
