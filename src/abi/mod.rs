@@ -552,6 +552,11 @@ fn init_instance<E>(
 /// Before `fork()` (`crate::fork`, after `OPENING`): every lock of the instance, then the
 /// process-wide leaves (the last error, the log queue).
 fn fork_prepare() {
+    // A lazily built static that another thread is building at the fork would stay half-built
+    // in the child, and the child's first use would wait for it forever (the Python package
+    // asks for the stat keys on its first memory_stats()): finish building them first. Building
+    // takes no lock of ours.
+    statistics::force_statics();
     if let Some(i) = INSTANCE.get() {
         i.arena.fork_prepare();
     }

@@ -12,6 +12,12 @@ static STAT_KEYS: Lazy<Vec<CString>> = Lazy::new(|| {
         .collect()
 });
 
+/// Builds [`STAT_KEYS`] (and the key table under it) if no call has yet, or waits for the thread
+/// building it: before a fork (`fork_prepare`).
+pub(super) fn force_statics() {
+    Lazy::force(&STAT_KEYS);
+}
+
 /// The stat key list (sorted, as `torch.cuda.memory_stats()` orders it).
 fn stats_key_names() -> Vec<String> {
     crate::stats::keys::key_names()
