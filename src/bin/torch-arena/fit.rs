@@ -219,13 +219,7 @@ fn fit_trace(s: &FitSettings, arg: &TraceArg, tick: &mpsc::Sender<()>) -> CliRes
     let trace = arg.load()?;
     let mut fits = Vec::new();
     for a in allocators(s, &trace) {
-        let timing = match &a {
-            Allocator::Arena { conf, .. } => timing_under(&s.timing, conf)?,
-            Allocator::Native { .. } => s.timing.clone(),
-        };
-        let f = lib_fit::fit(&trace, &a, &timing, &mut |_| {})
-            .map_err(|e| format!("{}: {} {}: {e}", arg.name(), a.kind(), conf_name(a.label())))?;
-        fits.push(f);
+        fits.push(fit_one(&s.timing, &trace, &a).map_err(|e| format!("{}: {e}", arg.name()))?);
         let _ = tick.send(());
     }
     Ok(TraceFit {
@@ -354,14 +348,19 @@ pub(crate) fn fit_default_settings(
     };
     allocators(&s, trace)
         .iter()
-        .map(|a| {
-            let timing = match a {
-                Allocator::Arena { conf, .. } => timing_under(&s.timing, conf)?,
-                Allocator::Native { .. } => s.timing.clone(),
-            };
-            lib_fit::fit(trace, a, &timing, &mut |_| {}).map_err(|e| e.to_string())
-        })
+        .map(|a| fit_one(&s.timing, trace, a))
         .collect()
+}
+
+/// One allocator fitted on `trace` with `timing` (an arena setting's `driver_costs` file, if it
+/// names one); errors name the allocator and setting.
+fn fit_one(timing: &Timing, trace: &Trace, a: &Allocator) -> CliResult<Fit> {
+    let timing = match a {
+        Allocator::Arena { conf, .. } => timing_under(timing, conf)?,
+        Allocator::Native { .. } => timing.clone(),
+    };
+    lib_fit::fit(trace, a, &timing, &mut |_| {})
+        .map_err(|e| format!("{} {}: {e}", a.kind(), conf_name(a.label())))
 }
 
 /// `+1.25 GiB` less than the best native (saved), `-300.00 MiB` more, `0 B` the same.
