@@ -15,6 +15,8 @@ What it measures, on an idle GPU unless said otherwise:
   cuMemSetAccess, cuMemUnmap, cuMemRelease, each per handle;
 - a contiguous run of 1 to 32 handles granted with one cuMemSetAccess and unmapped with one
   cuMemUnmap (what the arena's map_run does), against one call per handle;
+- one handle mapped as 1 to 32 pieces (cuMemMap at an offset) and granted with one
+  cuMemSetAccess: whether a grant costs per handle or per mapping it covers;
 - cuMemAddressReserve / cuMemAddressFree of 8 GiB;
 - cuMemAlloc / cuMemFree (cudaMalloc / cudaFree) at 2 MiB, 20 MiB, 200 MiB and 1 GiB;
 - the event and synchronisation calls the arena makes, and cuMemGetInfo;
@@ -270,6 +272,30 @@ class Bench:
         mib = size // MiB
         self.record(f"cuMemSetAccess run of {n} x {mib} MiB", grant, size=size, handles=n)
         self.record(f"cuMemUnmap run of {n} x {mib} MiB", unmap, size=size, handles=n)
+
+    def vmm_pieces(self, size: int, n: int) -> None:
+        """One handle of n x `size` mapped as n pieces (cuMemMap at an offset into it) back to
+        back, granted with one cuMemSetAccess over them: whether a grant costs per handle it
+        covers or per mapping (the fit issue's pieces of handles; `vmm_run` cannot tell, since
+        each of its handles is one mapping)."""
+        drv = self.drv
+        base = self.reserve(size * n)
+        grant, unmap = [], []
+        h = self.create(size * n)[0]
+        try:
+            for _ in range(self.reps(16)):
+                for i in range(n):
+                    drv.check("cuMemMap", drv.cuMemMap(base + i * size, size, i * size, h, 0))
+                grant.append(timed(drv, "cuMemSetAccess", self.grant, base, size * n))
+                unmap.append(timed(drv, "cuMemUnmap", drv.cuMemUnmap, base, size * n))
+        finally:
+            drv.cuMemRelease(h)
+            drv.cuMemAddressFree(base, size * n)
+        mib = size // MiB
+        self.record(
+            f"cuMemSetAccess {n} pieces x {mib} MiB of one handle", grant, size=size, pieces=n
+        )
+        self.record(f"cuMemUnmap {n} pieces x {mib} MiB of one handle", unmap, size=size, pieces=n)
 
     def address(self) -> None:
         drv = self.drv
@@ -571,6 +597,10 @@ def main() -> int:
         ("VMM per handle, 200 MiB", lambda: bench.vmm_per_handle(200 * MiB, 8)),
         ("one grant and one unmap per run", lambda: [bench.vmm_run(2 * MiB, n) for n in RUNS]),
         ("one grant and one unmap per run, 20 MiB handles", lambda: bench.vmm_run(20 * MiB, 10)),
+        (
+            "one grant over pieces of one handle",
+            lambda: [bench.vmm_pieces(2 * MiB, n) for n in RUNS],
+        ),
         ("address reservations", bench.address),
         ("cuMemAlloc/cuMemFree 2 MiB", lambda: bench.plain(2 * MiB, 128)),
         ("cuMemAlloc/cuMemFree 20 MiB", lambda: bench.plain(20 * MiB, 64)),

@@ -287,8 +287,10 @@ struct Region {
 }
 
 /// One page of a region's address space. Physical memory comes in *handles* of one or more
-/// pages (one cuMemCreate each), mapped whole at consecutive pages (cuMemMap maps a handle from
-/// offset 0 only, and cuMemUnmap takes whole mappings): every page of a mapped handle names it,
+/// pages (one cuMemCreate each), mapped whole at consecutive pages (cuMemUnmap takes whole
+/// mappings; pieces of a handle mapped at offsets would cost an access grant each, as much as
+/// handles of their own: BENCHMARKS.md, "What was tried at the limit"): every page of a mapped
+/// handle names it,
 /// with its index in it, and the handle's first page (its *head*) holds what concerns the handle
 /// as a whole — its length, how many of its pages are in use, and its place on the idle list.
 ///
