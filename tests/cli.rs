@@ -357,6 +357,81 @@ fn human_table_has_a_row_per_allocator() {
     }
 }
 
+/// `--native-conf`: one emulation per setting, after `--native`'s, in tables and JSON; an empty
+/// setting is the defaults, which is what `--native` runs on a trace that recorded none.
+#[test]
+fn native_conf_adds_an_emulation_per_setting() {
+    let trace = "synth:adversarial:4GiB";
+    let o = torch_arena(&[
+        "replay",
+        "--capacity",
+        "4GiB",
+        "--native",
+        "--native-conf",
+        "",
+        "--native-conf",
+        "expandable_segments:True",
+        "--json",
+        trace,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = stdout(&o);
+    let v = json::parse(line.trim()).expect("one JSON line");
+    let em = v.get("native_emulated").arr();
+    assert_eq!(em.len(), 3, "{line}");
+    assert_eq!(em[0].get("conf"), &json::Json::Null, "{line}");
+    assert_eq!(em[1].get("conf").str(), "");
+    assert_eq!(em[2].get("conf").str(), "expandable_segments:True");
+    // --native on a trace with no recorded settings runs the defaults: the same figures.
+    for key in ["peak_reserved_bytes", "oom_event", "driver_calls"] {
+        assert_eq!(em[0].get(key), em[1].get(key), "{key}: {line}");
+    }
+    // The first emulation is the one the native_emulated_* fields describe.
+    assert_eq!(
+        v.get("native_emulated_peak_reserved_bytes"),
+        em[0].get("peak_reserved_bytes")
+    );
+    // The trace is built so that native's default policy runs out at its capacity.
+    assert_ne!(em[1].get("oom_event"), &json::Json::Null, "{line}");
+
+    let o = torch_arena(&[
+        "replay",
+        "--capacity",
+        "4GiB",
+        "--native-conf",
+        "expandable_segments:True",
+        "--native-conf",
+        "max_split_size_mb:512",
+        trace,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "native (expandable_segments:True)",
+        "native (max_split_size_mb:512)",
+    ] {
+        assert!(out.contains(row), "lacks {row:?}: {out}");
+    }
+    assert!(!out.contains("native (emulated)"), "{out}");
+}
+
+#[test]
+fn native_conf_refuses_a_bad_setting_before_replaying() {
+    let o = torch_arena(&[
+        "replay",
+        "--native-conf",
+        "max_split_size_mb:lots",
+        "synth:rmm-random:100:1MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("--native-conf 'max_split_size_mb:lots'"),
+        "{err}"
+    );
+    assert!(err.contains("max_split_size_mb"), "{err}");
+}
+
 #[test]
 fn adversarial_trace_runs_native_out_of_memory_but_not_the_arena() {
     let o = torch_arena(&[

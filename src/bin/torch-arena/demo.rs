@@ -179,7 +179,7 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
             (
                 "  the same for native (emulated)",
                 o.emulated
-                    .as_ref()
+                    .first()
                     .map_or_else(|| "–".into(), |e| steady_calls(&e.result.steps)),
             ),
             (
@@ -281,7 +281,7 @@ pub(crate) fn demo_reading(
             nbf(r.fragmentation)
         );
     }
-    if let Some(e) = &o.emulated {
+    if let Some(e) = o.emulated.first() {
         let nat = e.result.peak_reserved;
         if let Some(n) = e.result.oom_event {
             t += &format!(

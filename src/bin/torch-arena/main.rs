@@ -136,6 +136,13 @@ replay options:
                     else PyTorch's defaults (no max_split_size, no expandable segments, 20 MiB
                     large segments). What the native allocator recorded in the trace itself
                     (PyTorch snapshots with segment events) is always shown
+  --native-conf SETTINGS
+                    also emulate the native allocator under SETTINGS, in
+                    PYTORCH_CUDA_ALLOC_CONF's grammar (as for fit, below; an empty one is the
+                    defaults); repeat for more: one more row per setting in every table, one
+                    more line in plots. The JSON fields native_emulated_* and native_* describe
+                    the first emulation (--native's, else the first --native-conf);
+                    native_emulated lists them all
   --repeat N        replay each trace N times in a row, one step per pass: what is live at the
                     end of a pass stays live, what a pass allocates and frees is allocated and
                     freed again (default 1). Tables add a steady-state table (first and last step)
@@ -187,7 +194,10 @@ replay options:
                     native_modelled_driver_s, native_modelled_stall_s, native_growth (as
                     growth, for the emulation), native_driver_calls_from (emulated with --native,
                     else recorded: the snapshot's segment events, at least one call each),
-                    native_steps (as steps, for the emulation), error; null where unknown. A
+                    native_steps (as steps, for the emulation), native_emulated (every
+                    emulation: conf (null for --native), peak_requested_bytes,
+                    peak_reserved_bytes, fragmentation, oom_event, driver_calls,
+                    modelled_driver_s, modelled_stall_s, elapsed_s), error; null where unknown. A
                     trace that cannot be read gets {trace, path, error}
   --plot FILE       draw requested and reserved bytes over each trace into FILE (.svg or .png),
                     with the capacity, the seeded part, out-of-memory markers and each
@@ -264,7 +274,7 @@ exit status:
 ";
 
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
-[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--backing] [--check] [--live[=N]] [--json] [--plot FILE] [--progress | --no-progress]";
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--native-conf SETTINGS]... [--backing] [--check] [--live[=N]] [--json] [--plot FILE] [--progress | --no-progress]";
 const FIT_SYNOPSIS: &str = "usage: torch-arena fit TRACE... [--conf CONF]... [--native-conf SETTINGS]... \
 [--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [-j N] [--json] [--progress | --no-progress]";
 /// The options of `fit`, for "did you mean" hints.

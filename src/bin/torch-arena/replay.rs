@@ -8,7 +8,11 @@ pub(crate) struct ReplaySettings {
     pub(crate) capacity: u64,
     /// Each setting of the sweep: (the text as written, "" = defaults; the parsed settings).
     pub(crate) confs: Vec<(String, Config)>,
+    /// `--native`: emulate the native allocator under the settings the trace recorded.
     pub(crate) native: bool,
+    /// `--native-conf SETTINGS` (repeatable): one more emulation under each, in
+    /// `PYTORCH_CUDA_ALLOC_CONF` syntax, after the recorded settings' (with `--native`).
+    pub(crate) native_confs: Vec<String>,
     pub(crate) backing: bool,
     pub(crate) check: bool,
     pub(crate) json: bool,
@@ -27,6 +31,7 @@ impl ReplaySettings {
             capacity: DEFAULT_CAPACITY,
             confs: Vec::new(),
             native: false,
+            native_confs: Vec::new(),
             backing: false,
             check: false,
             json: false,
@@ -174,6 +179,8 @@ pub(crate) fn recorded_calls(trace: &Trace) -> Option<DriverCounters> {
 /// The native allocator emulated on a trace.
 #[derive(Clone, Debug)]
 pub(crate) struct Emulated {
+    /// The `--native-conf` settings as given; `None` for `--native` (the recorded settings).
+    pub(crate) conf: Option<String>,
     /// The emulation's result (its replay figures through `Deref`).
     pub(crate) result: NativeResult,
     pub(crate) elapsed: Duration,
@@ -196,7 +203,8 @@ pub(crate) struct Run {
 pub(crate) struct TraceOutcome {
     pub(crate) info: TraceInfo,
     pub(crate) recorded_series: Option<Vec<Point>>,
-    pub(crate) emulated: Option<Emulated>,
+    /// The native emulations: `--native`'s first, then one per `--native-conf`.
+    pub(crate) emulated: Vec<Emulated>,
     pub(crate) runs: Vec<Run>,
     /// With `--live`: what was live, by site, at the peak or where the arena ran out (the first
     /// setting that did), and which of the two.
@@ -226,7 +234,8 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
     } else {
         None
     };
-    let emulated = if s.native {
+    let mut emulated = Vec::new();
+    if s.native {
         // Under the settings the trace was recorded with, where it says (snapshots of torch ≥ 2.5).
         let recorded = trace.native.as_ref();
         let opts = NativeOptions {
@@ -235,25 +244,15 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
             series_points: points,
             ..NativeOptions::new(s.capacity)
         };
-        let start = Instant::now();
-        let mut bar = ProgressBar::new(s.progress, format!("{name} [native, emulated]"));
-        let result = native::simulate_timed(&trace, &opts, &s.timing, &mut |d, t| bar.update(d, t))
-            .map_err(|e| format!("{name}: the native emulation failed: {e}"))?;
-        drop(bar);
-        let elapsed = start.elapsed();
-        let oom_request = result
-            .oom_event
-            .and_then(|i| trace.events.get(i))
-            .map(|e| (e.size, e.stream));
-        Some(Emulated {
-            peak_requested: result.peak_requested,
-            result,
-            elapsed,
-            oom_request,
-        })
-    } else {
-        None
-    };
+        emulated.push(emulate(s, &trace, &name, None, &opts)?);
+    }
+    for text in &s.native_confs {
+        let source = format!("--native-conf '{text}'");
+        let mut opts = NativeOptions::with_conf(s.capacity, &source, text)
+            .map_err(|e| format!("{name}: {e}"))?;
+        opts.series_points = points;
+        emulated.push(emulate(s, &trace, &name, Some(text), &opts)?);
+    }
     let runs = s
         .confs
         .iter()
@@ -327,6 +326,56 @@ pub(crate) fn replay_trace(s: &ReplaySettings, arg: &TraceArg) -> CliResult<Trac
     })
 }
 
+/// The native allocator emulated on `trace` under `opts` (`conf`: the `--native-conf` text).
+fn emulate(
+    s: &ReplaySettings,
+    trace: &Trace,
+    name: &str,
+    conf: Option<&String>,
+    opts: &NativeOptions,
+) -> CliResult<Emulated> {
+    let start = Instant::now();
+    let what = match conf {
+        None => "native, emulated".to_string(),
+        Some(c) => format!("native {}", native_name(c)),
+    };
+    let mut bar = ProgressBar::new(s.progress, format!("{name} [{what}]"));
+    let result = native::simulate_timed(trace, opts, &s.timing, &mut |d, t| bar.update(d, t))
+        .map_err(|e| format!("{name}: the native emulation ({what}) failed: {e}"))?;
+    drop(bar);
+    let elapsed = start.elapsed();
+    let oom_request = result
+        .oom_event
+        .and_then(|i| trace.events.get(i))
+        .map(|e| (e.size, e.stream));
+    Ok(Emulated {
+        conf: conf.cloned(),
+        peak_requested: result.peak_requested,
+        result,
+        elapsed,
+        oom_request,
+    })
+}
+
+/// How a native setting is named in tables: `defaults` for "", else the settings as given.
+pub(crate) fn native_name(conf: &str) -> String {
+    match conf.trim() {
+        "" => "(defaults)".to_string(),
+        c => format!("({c})"),
+    }
+}
+
+impl Emulated {
+    /// Its row label: `native (emulated)` for `--native`, `native (SETTINGS)` for a
+    /// `--native-conf`.
+    pub(crate) fn label(&self) -> String {
+        match &self.conf {
+            None => "native (emulated)".to_string(),
+            Some(c) => format!("native {}", native_name(c)),
+        }
+    }
+}
+
 /// The table of one trace, the out-of-memory reports and notes on the trace's kind.
 pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<()> {
     let i = &o.info;
@@ -391,10 +440,10 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<(
         })
         .unwrap_or_default()
     };
-    if let Some(e) = &o.emulated {
+    for e in &o.emulated {
         let r = &e.result;
         rows.push(vec![
-            "native (emulated)".into(),
+            e.label(),
             fmt_bytes(r.peak_requested),
             fmt_bytes(r.peak_reserved),
             fmt_frag(fragmentation(r.peak_reserved, r.peak_requested)),
@@ -433,16 +482,18 @@ pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<(
     if s.timing.repeat > 1 {
         print_steady_state(o)?;
     }
-    if let Some(e) = &o.emulated
-        && let Some(n) = e.result.oom_event
-    {
+    for e in &o.emulated {
+        let Some(n) = e.result.oom_event else {
+            continue;
+        };
         let what = e
             .oom_request
             .map(|(size, stream)| format!(": allocating {} on stream {stream}", fmt_bytes(size)))
             .unwrap_or_default();
         outln!()?;
         outln!(
-            "  native (emulated) ran out of memory at event {} of {}{what}",
+            "  {} ran out of memory at event {} of {}{what}",
+            e.label(),
             fmt_count(n as u64),
             fmt_count(i.events as u64)
         )?;
@@ -525,8 +576,8 @@ pub(crate) fn print_steady_state(o: &TraceOutcome) -> CliResult<()> {
             ]);
         }
     };
-    if let Some(e) = &o.emulated {
-        row("native (emulated)".into(), &e.result.steps);
+    for e in &o.emulated {
+        row(e.label(), &e.result.steps);
     }
     for run in &o.runs {
         if let Ok(r) = &run.outcome {
@@ -596,6 +647,12 @@ pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
         match name.as_str() {
             "--capacity" => s.capacity = parse_capacity(&cur.value(&name, inline)?)?,
             "--conf" => s.add_conf(&cur.value(&name, inline)?)?,
+            "--native-conf" => {
+                let text = cur.value(&name, inline)?;
+                NativeOptions::with_conf(0, &format!("--native-conf '{text}'"), &text)
+                    .map_err(|e| e.to_string())?;
+                s.native_confs.push(text.trim().to_string());
+            }
             "--plot" => s.plot = Some(cur.value(&name, inline)?),
             "--repeat" | "--gpu-lag" | "--driver-costs" => {
                 let v = cur.value(&name, inline)?;

@@ -55,7 +55,7 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                         .raw("oom", "null");
                 }
             }
-            let em = o.emulated.as_ref();
+            let em = o.emulated.first();
             j.opt_num(
                 "native_emulated_peak_reserved_bytes",
                 em.map(|e| e.result.peak_reserved),
@@ -147,7 +147,8 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
                 .raw(
                     "native_steps",
                     &em.map_or_else(|| "null".into(), |e| steps_json(&e.result.steps)),
-                );
+                )
+                .raw("native_emulated", &emulated_json(&o.emulated));
             match &run.outcome {
                 Ok(_) => j.raw("error", "null"),
                 Err(e) => j.str("error", e),
@@ -155,6 +156,28 @@ pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {
             j.finish()
         })
         .collect()
+}
+
+/// Every native emulation of the trace (`--native`, then each `--native-conf`): `conf` is null
+/// for the recorded settings, else the settings as given.
+fn emulated_json(emulated: &[Emulated]) -> String {
+    torch_arena::json::array(emulated.iter().map(|e| {
+        let r = &e.result;
+        JsonObject::new()
+            .opt_str("conf", e.conf.as_deref())
+            .num("peak_requested_bytes", e.peak_requested)
+            .num("peak_reserved_bytes", r.peak_reserved)
+            .float(
+                "fragmentation",
+                fragmentation(r.peak_reserved, e.peak_requested),
+            )
+            .opt_num("oom_event", r.oom_event.map(|n| n as u64))
+            .num("driver_calls", r.driver_calls)
+            .float("modelled_driver_s", r.modelled_driver_s)
+            .float("modelled_stall_s", r.modelled_stall_s)
+            .float("elapsed_s", e.elapsed.as_secs_f64())
+            .finish()
+    }))
 }
 
 /// The JSON line of a trace that could not be loaded.

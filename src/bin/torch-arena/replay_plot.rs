@@ -22,7 +22,7 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
         .iter()
         .filter_map(|r| r.outcome.as_ref().ok())
         .map(|r| &r.series)
-        .chain(o.emulated.as_ref().map(|e| &e.result.series))
+        .chain(o.emulated.iter().map(|e| &e.result.series))
         .chain(o.recorded_series.as_ref())
         .find(|s| !s.is_empty());
     if let Some(series) = requested {
@@ -39,9 +39,9 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
             points: pts(series, true),
         });
     }
-    if let Some(e) = &o.emulated {
+    for e in &o.emulated {
         lines.push(Line {
-            label: "native (emulated) reserved".into(),
+            label: format!("{} reserved", e.label()),
             style: Style::NativeEmulated,
             points: pts(&e.result.series, true),
         });
@@ -65,26 +65,23 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
             .map(|p| (p.event as u64, p.driver_ns as f64 / 1e9))
             .collect()
     };
-    if let Some(e) = &o.emulated {
+    for e in &o.emulated {
         let r = &e.result;
         if r.oom.is_some() {
             marks.push(Mark {
                 event: r.events.saturating_sub(1) as u64,
-                label: "OOM: native (emulated)".into(),
+                label: format!("OOM: {}", e.label()),
                 style: Style::NativeEmulated,
             });
         }
         if !r.series.is_empty() {
             times.push(TimeLine {
-                label: "driver time, native (emulated)".into(),
+                label: format!("driver time, {}", e.label()),
                 style: Style::NativeEmulated,
                 points: time_points(&r.series),
             });
         }
-        subtitle.push(format!(
-            "native (emulated) {}",
-            fmt_secs(r.modelled_driver_s)
-        ));
+        subtitle.push(format!("{} {}", e.label(), fmt_secs(r.modelled_driver_s)));
     }
     for (n, run) in o.runs.iter().enumerate() {
         if let Ok(r) = &run.outcome {
@@ -142,7 +139,7 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
 pub(crate) fn overview_row(o: &TraceOutcome) -> OverviewRow {
     let i = &o.info;
     let ours = o.runs.first().and_then(|r| r.outcome.as_ref().ok());
-    let em = o.emulated.as_ref().map(|e| &e.result);
+    let em = o.emulated.first().map(|e| &e.result);
     let native_reserved = em.map(|r| r.peak_reserved).or(i.native_recorded);
     let native_driver = em.map(|r| r.modelled_driver_s).or(i
         .native_recorded_calls
@@ -195,6 +192,7 @@ pub(crate) const REPLAY_OPTIONS: &[&str] = &[
     "--gpu-lag",
     "--driver-costs",
     "--native",
+    "--native-conf",
     "--backing",
     "--check",
     "--live",

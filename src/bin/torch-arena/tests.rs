@@ -268,7 +268,8 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
             reserved: 120 << 20,
             driver_ns: 0,
         }]),
-        emulated: Some(Emulated {
+        emulated: vec![Emulated {
+            conf: None,
             result: NativeResult {
                 replay: ReplayResult {
                     peak_reserved: 130 << 20,
@@ -292,7 +293,7 @@ fn outcome(oom: bool, error: bool) -> TraceOutcome {
             elapsed: Duration::from_millis(1),
             oom_request: None,
             peak_requested: 100 << 20,
-        }),
+        }],
         runs: vec![Run {
             label: "stitch:False".into(),
             effective: Config::default(),
@@ -352,6 +353,7 @@ const FIELDS: &[&str] = &[
     "native_growth",
     "native_driver_calls_from",
     "native_steps",
+    "native_emulated",
     "error",
 ];
 
