@@ -61,8 +61,10 @@ impl Inner {
             .sum();
         PageCounts {
             page_size: self.page,
-            in_use: self.in_use_pages[Pool::Small as usize]
-                + self.in_use_pages[Pool::Large as usize],
+            // Lent pages are in use where they were lent from and count once, where they are.
+            in_use: (self.in_use_pages[Pool::Small as usize]
+                + self.in_use_pages[Pool::Large as usize])
+                .saturating_sub(self.lent_pages),
             idle_mapped: self.idle_len + plain_idle,
             held: self.held_pages(),
             pooled: self.pooled_pages,

@@ -9,7 +9,35 @@ impl Inner {
         // pages.
         let mut users: HashMap<(u32, u32), u32> = HashMap::new();
         let mut interior: std::collections::HashSet<(u32, u32)> = Default::default();
-        for (addr, b) in self.large.iter() {
+        // A placeholder over lent pages (`Inner::lend_idle`) counts as a block where they were
+        // lent from.
+        let held: Vec<(u64, u32, u64)> = self
+            .large
+            .iter()
+            .map(|(addr, b)| (addr, b.region, b.len))
+            .chain(
+                self.lends
+                    .values()
+                    .map(|l| (l.addr, l.region, l.k as u64 * self.page)),
+            )
+            .collect();
+        let lent: u64 = self.lends.values().map(|l| l.k as u64).sum();
+        if lent != self.lent_pages || !self.lending.is_empty() {
+            return Err(format!(
+                "{lent} pages lent, {} counted, {} lent but not mapped",
+                self.lent_pages,
+                self.lending.len()
+            ));
+        }
+        for (addr, region, len) in held {
+            let b = LargeBlock {
+                len,
+                region,
+                requested: 0,
+                stream: 0,
+                node: 0,
+                pending: false,
+            };
             let (first, last) = self.pages_of(b.region, addr, b.len);
             *users.entry((b.region, first)).or_default() += 1;
             if last != first {
@@ -153,13 +181,22 @@ impl Inner {
             .pool
             .iter()
             .map(|(&k, list)| k as u64 * list.len() as u64)
-            .sum();
-        if pooled != self.pooled_pages || self.pool.values().any(|l| l.is_empty()) {
+            .sum::<u64>()
+            + self
+                .parts
+                .iter()
+                .map(|(&k, list)| k as u64 * list.len() as u64)
+                .sum::<u64>();
+        if pooled != self.pooled_pages
+            || self.pool.values().any(|l| l.is_empty())
+            || self.parts.values().any(|l| l.is_empty())
+        {
             return Err(format!(
                 "the pool holds {pooled} pages, {} counted",
                 self.pooled_pages
             ));
         }
+        self.check_pieces()?;
         let shared: u64 = self.shared_handles.values().map(|&k| k as u64).sum();
         if shared != self.shared_pages || shared * self.page > self.reserved() {
             return Err(format!(
@@ -195,7 +232,8 @@ impl Inner {
             .filter(|r| r.live && r.plain)
             .map(|r| r.len)
             .sum();
-        let held = (mapped + self.pooled_pages) * self.page + plain;
+        // Lent pages are mapped twice (`Inner::lend_idle`).
+        let held = (mapped + self.pooled_pages - self.lent_pages) * self.page + plain;
         if self.reserved() != held {
             return Err(format!(
                 "reserved_bytes {} but {} bytes of pages are held",
@@ -261,6 +299,79 @@ impl Inner {
                 return Err(format!(
                     "region {ri} is not listed by its stream {}",
                     r.stream
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every handle is held exactly once: a handle not split is mapped whole or pooled whole; the
+    /// pieces of a split handle (mapped, or pooled in `parts` as its record says) tile it with no
+    /// overlap and no gap, and not all of them are pooled (it would be whole again).
+    fn check_pieces(&self) -> std::result::Result<(), String> {
+        let mut pieces: std::collections::HashMap<u64, Vec<(u32, u32, bool)>> = Default::default();
+        for r in self.regions.iter().filter(|r| r.live && !r.plain) {
+            let mut p = 0;
+            while p < r.pages.len() {
+                let head = &r.pages[p];
+                let va = r.base + p as u64 * self.page;
+                match head.phys {
+                    // A mapping of lent pages maps a piece mapped where it was lent from too.
+                    Some(_) if head.hlen > 0 && self.lends.contains_key(&va) => {
+                        p += head.hlen as usize;
+                    }
+                    Some(h) if head.hlen > 0 => {
+                        let piece = (head.hbase as u32, head.hlen as u32, false);
+                        pieces.entry(h.0).or_default().push(piece);
+                        p += head.hlen as usize;
+                    }
+                    _ => p += 1,
+                }
+            }
+        }
+        for (&k, list) in &self.pool {
+            for &(h, _) in list {
+                pieces.entry(h.0).or_default().push((0, k, true));
+            }
+        }
+        for list in self.parts.values() {
+            for run in list {
+                pieces
+                    .entry(run.h.0)
+                    .or_default()
+                    .push((run.off, run.k, true));
+            }
+        }
+        for (h, mut list) in pieces {
+            list.sort_unstable();
+            let Some(split) = self.split.get(&h) else {
+                if list.len() != 1 || list[0].0 != 0 {
+                    return Err(format!("handle {h:#x}, not split, is held as {list:?}"));
+                }
+                continue;
+            };
+            let mut end = 0;
+            for &(off, k, _) in &list {
+                if off != end {
+                    return Err(format!(
+                        "handle {h:#x} of {} pages: pieces {list:?} do not tile it",
+                        split.pages
+                    ));
+                }
+                end = off + k;
+            }
+            let mut pooled: Vec<(u32, u32)> = list
+                .iter()
+                .filter(|p| p.2)
+                .map(|&(off, k, _)| (off, k))
+                .collect();
+            let mut recorded = split.pooled.clone();
+            pooled.sort_unstable();
+            recorded.sort_unstable();
+            if end != split.pages || pooled != recorded || pooled.len() == list.len() {
+                return Err(format!(
+                    "handle {h:#x} of {} pages: held as {list:?}, recorded pooled {recorded:?}",
+                    split.pages
                 ));
             }
         }

@@ -143,6 +143,31 @@ impl Heap {
         node.region
     }
 
+    /// Take `[addr, addr + len)` from inside free node `n`: what is left before and after it
+    /// stays free. Returns the node of the range taken.
+    pub fn take_range(&mut self, n: u32, addr: u64, len: u64) -> u32 {
+        let node = self.nodes[n as usize];
+        assert!(
+            node.free && addr >= node.addr && addr + len <= node.addr + node.len,
+            "taking {len} bytes at {addr:#x} from a node at {:#x} of {} that is {}",
+            node.addr,
+            node.len,
+            if node.free { "free" } else { "handed out" }
+        );
+        let head = addr - node.addr;
+        if head == 0 {
+            self.take(n, len);
+            return n;
+        }
+        // Split off the range (and what follows it) as a free node, then take its start.
+        self.by_size.remove(&(node.len, node.addr, n));
+        let rest = self.split(n, node, head, true);
+        self.by_size.insert((head, node.addr, n));
+        self.by_size.insert((node.len - head, addr, rest));
+        self.take(rest, len);
+        rest
+    }
+
     /// Node `n`, which must be free and hold at least `len` bytes.
     #[inline]
     fn takeable(&self, n: u32, len: u64) -> Node {

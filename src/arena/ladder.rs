@@ -12,6 +12,7 @@ impl Inner {
         pool: Option<PoolId>,
     ) -> Result<Block> {
         self.poll_pending();
+        self.lend_ok = false;
         let s = self.state_for(stream, pool)?;
         if pool.is_some() && !self.streams[s as usize].captured {
             // Whether a graph may use this state's memory (pool.rs, `capture_fence`); a failed
@@ -46,7 +47,8 @@ impl Inner {
                         size,
                         "allocation retried after waiting for every stream (pages moved from anywhere)"
                     );
-                    self.synchronize_all()?;
+                    // Every idle page is now safe to use anywhere, so pages may be lent.
+                    self.lend_ok = self.synchronize_all()?;
                 }
                 // The driver may refuse pages we are allowed (another process holds them, or the
                 // address space is spent): give back what we cache, idle streams included.
@@ -66,7 +68,7 @@ impl Inner {
         // nothing it took for itself.
         let mut mine = (self.stats.num_device_alloc - created).max(0);
         while mine > 0 {
-            let Some((h, k)) = self.pool_take(u32::MAX) else {
+            let Some((h, k)) = self.pool_take_whole(u32::MAX) else {
                 break;
             };
             if self.release_handle(h, k).is_err() {
@@ -88,8 +90,10 @@ impl Inner {
         let Some(len) = size.checked_next_multiple_of(MIN_BLOCK) else {
             return false;
         };
-        let pinned =
-            self.in_use_pages[Pool::Small as usize] + self.in_use_pages[Pool::Large as usize];
+        // Lent pages are in use twice, where they were lent from and where they are.
+        let pinned = (self.in_use_pages[Pool::Small as usize]
+            + self.in_use_pages[Pool::Large as usize])
+            .saturating_sub(self.lent_pages);
         let budget = (self.limit / self.page).saturating_sub(pinned);
         // Only pages holding live data can be shared, and only the block's first and last.
         len.div_ceil(self.page).saturating_sub(pinned.min(2)) <= budget
@@ -168,26 +172,39 @@ impl Inner {
         // Every idle page is proven unused after a device-wide synchronisation; during a capture
         // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
         // just now are too: nothing can have used them since.
-        if whole {
-            let now = self.seq;
-            for st in self.streams.iter_mut().filter(|st| st.safe_seq == synced) {
-                st.safe_seq = now;
+        let mut safe = synced;
+        loop {
+            if whole {
+                let now = self.seq;
+                for st in self.streams.iter_mut().filter(|st| st.safe_seq == safe) {
+                    st.safe_seq = now;
+                }
+                safe = now;
+            }
+            while let Some(at) = self
+                .streams
+                .iter()
+                .map(|st| (st.idle_head, st.safe_seq))
+                .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
+                .map(|(h, _)| h)
+            {
+                if let Some(run) = self.unmap_idle(at)? {
+                    self.pool_put(run, Instant::now());
+                    report.pages_unmapped += run.k as u64;
+                    report.bytes_recovered += run.k as u64 * self.page;
+                }
+            }
+            // Unmapping a mapping of lent pages gave them back where they were lent from
+            // (`unlend`), where a mapping may now be idle with a new stamp. Nothing can have used
+            // its pages since the synchronisation (they held no block there, and the mapping
+            // that borrowed them was proven done before it was unmapped), and nothing else was
+            // freed since (the lock is held): once more round, with every stamp so far safe.
+            if !whole || self.seq == safe {
+                break;
             }
         }
-        while let Some(at) = self
-            .streams
-            .iter()
-            .map(|st| (st.idle_head, st.safe_seq))
-            .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
-            .map(|(h, _)| h)
-        {
-            let (h, k) = self.unmap_idle(at)?;
-            self.pool_put(h, k, Instant::now());
-            report.pages_unmapped += k as u64;
-            report.bytes_recovered += k as u64 * self.page;
-        }
         if release {
-            while let Some((h, k)) = self.pool_take(u32::MAX) {
+            while let Some((h, k)) = self.pool_take_whole(u32::MAX) {
                 self.release_handle(h, k)?;
                 report.pages_released += k as u64;
                 report.bytes_released += k as u64 * self.page;
@@ -217,7 +234,7 @@ impl Inner {
         k: u32,
     ) -> std::result::Result<(), DeviceError> {
         if let Err(e) = self.dev.release_page(h) {
-            self.pool_put(h, k, Instant::now());
+            self.pool_put(Run::whole(h, k), Instant::now());
             return Err(e);
         }
         if let Some(k) = self.shared_handles.remove(&h.0) {
@@ -259,7 +276,7 @@ impl Inner {
     /// segments.
     pub(super) fn trim_to_limit(&mut self) -> Result<()> {
         while self.reserved() > self.limit {
-            if let Some((h, k)) = self.pool_take(u32::MAX) {
+            if let Some((h, k)) = self.pool_take_whole(u32::MAX) {
                 self.release_handle(h, k)?;
                 continue;
             }
@@ -270,8 +287,9 @@ impl Inner {
                 if !self.stream_done_with(s, self.slot(at).idle_stamp, true)? {
                     break; // a stream being captured (pool.rs): nothing proves it done
                 }
-                let (h, k) = self.unmap_idle(at)?;
-                self.release_handle(h, k)?;
+                if let Some(run) = self.unmap_idle(at)? {
+                    self.release_run(run)?;
+                }
                 continue;
             }
             let empty = (0..self.regions.len() as u32).find(|&id| {
@@ -317,11 +335,13 @@ impl Inner {
                 ) {
                     break;
                 }
-                let Ok((h, k)) = self.unmap_idle(at) else {
+                let Ok(run) = self.unmap_idle(at) else {
                     break;
                 };
                 // A refused release keeps the handle in the pool.
-                let _ = self.release_handle(h, k);
+                if let Some(run) = run {
+                    let _ = self.release_run(run);
+                }
             }
         }
         let mut old = Vec::new();

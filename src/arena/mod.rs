@@ -11,6 +11,9 @@
 //!   by address-space fragmentation. Medium sizes pack next to each other instead of each rounding
 //!   up to whole pages; freed blocks keep their pages mapped, so the next request of the same size
 //!   reuses them with no driver call.
+//! - At the limit, idle pages of a mapping that a live block pins (a mapping is unmapped only
+//!   whole) are lent: mapped a second time where the request goes, held by a placeholder where
+//!   they were until the borrowing mapping is unmapped (`pages.rs`, `lend_idle`).
 //! - Each stream owns its heaps and slabs: memory freed on stream S is reused at once only by S.
 //!   Physical pages move to another stream (or back to the driver) only once an event recorded on
 //!   S after the free has completed. Frees of allocations used on other streams (`record_stream`)
@@ -36,7 +39,11 @@
 //!    before the free has completed.
 //! 3. `stats` is exact: allocated = Σ live block sizes, requested = Σ live request sizes,
 //!    reserved = physical bytes held.
-//! 4. Nothing here scans all allocations: every operation is O(log n) in live allocations.
+//! 4. Nothing here scans all allocations: every operation is O(log n) in live allocations, but
+//!    for the out-of-memory ladder's last resort (lending walks the free ranges and their pages)
+//!    and the out-of-memory message.
+//! 5. A physical page is mapped at two addresses only while lent, and then no block lies on it
+//!    where it was lent from (a placeholder holds it there).
 
 mod accounting;
 mod check;
@@ -68,7 +75,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::config::Config;
-use crate::device::{DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, StreamId};
+use crate::device::{
+    DevPtr, Device, DeviceError, DeviceInfo, EventHandle, PageHandle, Piece, StreamId,
+};
 use crate::error::{Error, PointerFault, Result};
 use crate::ptr_table::{PtrTable, Vacant};
 use crate::stats::{DeviceStats, Pool};
@@ -287,12 +296,13 @@ struct Region {
 }
 
 /// One page of a region's address space. Physical memory comes in *handles* of one or more
-/// pages (one cuMemCreate each), mapped whole at consecutive pages (cuMemUnmap takes whole
-/// mappings; pieces of a handle mapped at offsets would cost an access grant each, as much as
-/// handles of their own: BENCHMARKS.md, "What was tried at the limit"): every page of a mapped
-/// handle names it,
-/// with its index in it, and the handle's first page (its *head*) holds what concerns the handle
-/// as a whole — its length, how many of its pages are in use, and its place on the idle list.
+/// pages (one cuMemCreate each), mapped at consecutive pages whole or in pieces (cuMemMap maps
+/// any page-aligned piece of a handle, and cuMemUnmap takes whole mappings). A *mapping* (one
+/// [`Run`]) is the unit that goes idle, moves and is unmapped: every page of it names its
+/// handle, with its index in the mapping, and the mapping's first page (its *head*) holds what
+/// concerns it as a whole — its length, where it starts in its handle, how many of its pages
+/// are in use, and its place on the idle list. A piece is mapped twice only while it is lent
+/// ([`Lend`]); a page table never shows the same physical page twice otherwise.
 ///
 /// 64 bytes, aligned to 64: a visit to a page reads one cache line. Page tables run to tens of
 /// millions of slots with a million blocks live, and a malloc+free pair visits a block's two
@@ -303,11 +313,13 @@ struct Region {
 struct PageSlot {
     /// The physical handle mapped over this page (VMM only).
     phys: Option<PageHandle>,
-    /// This page's index in its handle (0 on the head page).
+    /// This page's index in its mapping (0 on the head page).
     hoff: u16,
-    /// On a head page: the pages of its handle (0 elsewhere, and when unmapped).
+    /// On a head page: the pages of its mapping (0 elsewhere, and when unmapped).
     hlen: u16,
-    /// On a head page: pages of its handle with at least one user. The handle is idle (on its
+    /// On a head page: the mapping's first page in its handle (`Run::off`).
+    hbase: u16,
+    /// On a head page: pages of its mapping with at least one user. The mapping is idle (on its
     /// stream's idle list) exactly when this is 0.
     busy: u16,
     /// Live blocks or slabs touching this page.
@@ -325,6 +337,50 @@ struct PageSlot {
     /// leaves it in O(1): a large block touches dozens of pages on every alloc and free.
     idle_prev: PageRef,
     idle_next: PageRef,
+}
+
+/// `k` pages of physical handle `h` from its page `off` on: what one mapping maps, or a piece
+/// of a split handle in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    h: PageHandle,
+    off: u32,
+    k: u32,
+}
+
+impl Run {
+    fn whole(h: PageHandle, k: u32) -> Run {
+        Run { h, off: 0, k }
+    }
+}
+
+/// Idle pages of a mapping that other pages of it pin, lent at the limit to back a range
+/// elsewhere (`Inner::lend_idle`): the same physical pages are then mapped twice, and at their
+/// own address they are held by a placeholder taken from their stream's heap, so that no block
+/// is placed on them there until the mapping that borrowed them is unmapped (`Inner::unlend`).
+#[derive(Clone, Copy, Debug)]
+struct Lend {
+    /// Where the pages are lent from: their region, stream, address and count.
+    region: u32,
+    stream: u32,
+    addr: u64,
+    k: u32,
+    /// The placeholder's node in the stream's large heap.
+    node: u32,
+}
+
+/// A handle split into pieces: its length, and its pieces in the pool (`Inner::parts`) with
+/// their pages. Once every page is back in the pool the pieces join into the whole handle again.
+#[derive(Clone, Debug, Default)]
+struct Split {
+    pages: u32,
+    pooled: Vec<(u32, u32)>,
+}
+
+impl Split {
+    fn pooled_pages(&self) -> u32 {
+        self.pooled.iter().map(|&(_, k)| k).sum()
+    }
 }
 
 /// A page of a region.
@@ -356,6 +412,7 @@ impl Default for PageSlot {
             phys: None,
             hoff: 0,
             hlen: 0,
+            hbase: 0,
             busy: 0,
             users: 0,
             covered: 0,
@@ -508,6 +565,9 @@ struct Extra {
     /// created as a one-page handle of its own ([`LARGE_HANDLE_SHARE`]).
     first_apart: bool,
     last_apart: bool,
+    /// Whole handles only (the small pool: its reserved bytes and segments move between the
+    /// pools a handle at a time, `Inner::move_reserved`, so it maps no piece of one).
+    whole: bool,
 }
 
 /// A large block's boundary pages that another block may come to share (it starts or ends
@@ -602,11 +662,25 @@ struct Inner {
     pending: VecDeque<Pending>,
     pending_ptrs: IntMap<u64, ()>,
     spare_events: Vec<EventHandle>,
-    /// Physical handles created and mapped nowhere, by their length in pages, with the time each
-    /// became free.
+    /// Physical handles created and mapped nowhere, whole, by their length in pages, with the
+    /// time each became free: what may be released.
     pool: BTreeMap<u32, Vec<(PageHandle, Instant)>>,
-    /// Pages in `pool`.
+    /// Pieces of split handles mapped nowhere, by their length in pages: usable anywhere, but
+    /// released only once the whole handle is back (`Inner::pool_put` joins it into `pool`).
+    parts: BTreeMap<u32, Vec<Run>>,
+    /// Handles mapped (or pooled) in more than one piece (`Run`), by handle.
+    split: IntMap<u64, Split>,
+    /// Pages in `pool` and `parts`.
     pooled_pages: u64,
+    /// Mappings of lent pages, by the address they are mapped at ([`Lend`]).
+    lends: IntMap<u64, Lend>,
+    /// Lent pieces acquired for a run and not yet mapped, by handle and offset.
+    lending: HashMap<(u64, u32), Lend>,
+    /// Every stream has been synchronised for the request being served (the out-of-memory
+    /// ladder's first step, outside any capture): idle pages may be lent.
+    lend_ok: bool,
+    /// Pages lent (mapped twice): counted in use where they were lent from and where they are.
+    lent_pages: u64,
     /// Handles created with spare pages (growth steps, `Inner::back_run`), mapped or pooled, by
     /// their length in pages; and their pages in all, at most 1/[`SPARE_LIMIT_SHARE`] of the limit.
     shared_handles: IntMap<u64, u32>,
@@ -724,7 +798,13 @@ impl Arena {
             pending_ptrs: IntMap::default(),
             spare_events: Vec::new(),
             pool: BTreeMap::new(),
+            parts: BTreeMap::new(),
+            split: IntMap::default(),
             pooled_pages: 0,
+            lends: IntMap::default(),
+            lending: HashMap::new(),
+            lend_ok: false,
+            lent_pages: 0,
             shared_handles: IntMap::default(),
             shared_pages: 0,
             grown_pages: 0,

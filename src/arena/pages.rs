@@ -89,6 +89,7 @@ impl Inner {
         len: u64,
         anywhere: bool,
     ) -> std::result::Result<(), Miss> {
+        self.unmap_partly_covered(region, addr, len, anywhere);
         if self.count_range(region, addr, len, true) {
             return Ok(()); // every page mapped already: the usual case, a freed block reused
         }
@@ -123,6 +124,57 @@ impl Inner {
             self.grown_lengths.insert(len, (addr, self.tick));
         }
         Ok(())
+    }
+
+    /// On the last-resort path (`anywhere`: the limit is reached), a block about to be placed on
+    /// part of an idle mapping would pin all of it: the rest could serve no request that does
+    /// not fit beside the block, for a mapping moves only whole. Such a mapping is unmapped into
+    /// the pool first, once its stream is done with it (the ladder synchronised every stream
+    /// before this path), and the block's pages are then mapped from it as a piece of their
+    /// own (`pool_cut`): the rest stays pooled, free to back any address. Only the large pool's
+    /// mappings (slabs share pages by design); not a pinned private pool's (pool.rs).
+    ///
+    /// Not done before the limit is reached: a split costs an unmap and a map and an access
+    /// grant, and where the block lands again in the next step, its piece is mapped there again.
+    /// Splitting whenever the limit left less than 1/8 (or 1/2) of it unused, and mapping the
+    /// spare pages of a growth step as a piece of their own, each moved one to three of the 142
+    /// shared traces' smallest capacities while costing memory driver calls in the fifth step of
+    /// 2 to 10 of them at 80 GiB, and up to 1.7x the modelled driver time (BENCHMARKS.md,
+    /// "Pieces of handles").
+    fn unmap_partly_covered(&mut self, region: u32, addr: u64, len: u64, anywhere: bool) {
+        let r = &self.regions[region as usize];
+        let s = r.stream;
+        if r.plain || r.pool != Pool::Large || self.streams[s as usize].pinned {
+            return;
+        }
+        if !anywhere {
+            return;
+        }
+        let (first, last) = self.pages_of(region, addr, len);
+        for p in [first, last] {
+            let slot = self.regions[region as usize].pages[p as usize];
+            if slot.phys.is_none() {
+                continue;
+            }
+            let head = p - slot.hoff as u32;
+            let hd = self.regions[region as usize].pages[head as usize];
+            let end = head + hd.hlen as u32 - 1;
+            if hd.busy != 0 || hd.idle_stamp == 0 || (head >= first && end <= last) {
+                continue;
+            }
+            if !matches!(self.stream_done_with(s, hd.idle_stamp, false), Ok(true)) {
+                continue;
+            }
+            let Ok(Some(run)) = self.unmap_idle(PageRef { region, page: head }) else {
+                continue;
+            };
+            // A mapping of a handle not split is the whole handle.
+            self.split.entry(run.h.0).or_insert_with(|| Split {
+                pages: run.k,
+                pooled: Vec::new(),
+            });
+            self.pool_put(run, Instant::now());
+        }
     }
 
     /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages. Only
@@ -340,36 +392,18 @@ impl Inner {
             shared,
             first_apart: large && apart.first == Some(start),
             last_apart: large && apart.last == Some(start + len - 1),
+            whole: pool == Pool::Small,
         };
         let handles = self.acquire(len, per_handle, anywhere, owner, extra)?;
-        let base = self.regions[region as usize].base;
-        let run: Vec<(PageHandle, u64)> = handles
-            .iter()
-            .map(|&(h, k)| (h, k as u64 * self.page))
-            .collect();
-        let (mapped, result) = match self.dev.map_run(base + start as u64 * self.page, &run) {
-            Ok(()) => (handles.len(), Ok(())),
-            Err(e) => (e.mapped.min(handles.len()), Err(Miss::Device(e.error))),
-        };
-        let now = Instant::now();
-        for &(h, k) in &handles[mapped..] {
-            self.pool_put(h, k, now);
-        }
+        let (mapped, result) = self.map_runs(region, start, &handles);
         let end = start + len;
+        // Every page of the run has a user already (its block or slab was counted first); the
+        // spare pages past it have none.
         let mut at = start;
-        for &(h, k) in &handles[..mapped] {
-            let pages = &mut self.regions[region as usize].pages;
-            for i in 0..k {
-                let slot = &mut pages[(at + i) as usize];
-                slot.phys = Some(h);
-                slot.hoff = i as u16;
-            }
-            // Every page of the run has a user already (its block or slab was counted first);
-            // the spare pages past it have none.
-            let head = &mut pages[at as usize];
-            head.hlen = k as u16;
-            head.busy = ((at + k).min(end).saturating_sub(at)) as u16;
-            at += k;
+        for run in &handles[..mapped] {
+            let head = &mut self.regions[region as usize].pages[at as usize];
+            head.busy = ((at + run.k).min(end).saturating_sub(at)) as u16;
+            at += run.k;
         }
         if pool == Pool::Small && mapped > 0 {
             self.move_reserved(Pool::Large, Pool::Small, (at - start) as u64, mapped as u64);
@@ -377,7 +411,52 @@ impl Inner {
         result
     }
 
-    /// Forget the handle mapped at `head..head+k` of `region` (after it was unmapped).
+    /// Map `runs` at consecutive pages of `region` from `start` (one cuMemMap each, one
+    /// cuMemSetAccess) and enter them in its page table, each a mapping with no page in use.
+    /// Returns how many were mapped: those after a failure go to the pool.
+    pub(super) fn map_runs(
+        &mut self,
+        region: u32,
+        start: u32,
+        runs: &[Run],
+    ) -> (usize, std::result::Result<(), Miss>) {
+        let base = self.regions[region as usize].base;
+        let pieces: Vec<Piece> = runs
+            .iter()
+            .map(|r| Piece {
+                page: r.h,
+                offset: r.off as u64 * self.page,
+                size: r.k as u64 * self.page,
+            })
+            .collect();
+        let (mapped, result) = match self.dev.map_run(base + start as u64 * self.page, &pieces) {
+            Ok(()) => (runs.len(), Ok(())),
+            Err(e) => (e.mapped.min(runs.len()), Err(Miss::Device(e.error))),
+        };
+        for &run in &runs[mapped..] {
+            self.put_back(run);
+        }
+        let mut at = start;
+        for run in &runs[..mapped] {
+            if let Some(lend) = self.lending.remove(&(run.h.0, run.off)) {
+                self.lends.insert(base + at as u64 * self.page, lend);
+            }
+            let pages = &mut self.regions[region as usize].pages;
+            for i in 0..run.k {
+                let slot = &mut pages[(at + i) as usize];
+                slot.phys = Some(run.h);
+                slot.hoff = i as u16;
+            }
+            let head = &mut pages[at as usize];
+            head.hlen = run.k as u16;
+            head.hbase = run.off as u16;
+            head.busy = 0;
+            at += run.k;
+        }
+        (mapped, result)
+    }
+
+    /// Forget the mapping at `head..head+k` of `region` (after it was unmapped).
     fn clear_handle(&mut self, region: u32, head: u32, k: u32) {
         let pages = &mut self.regions[region as usize].pages;
         for i in head..head + k {
@@ -385,17 +464,18 @@ impl Inner {
             slot.phys = None;
             slot.hoff = 0;
             slot.hlen = 0;
+            slot.hbase = 0;
             slot.busy = 0;
         }
     }
 
-    /// Unmapped handles tiling `n` pages, in mapping order, each at most `per_handle` pages when
-    /// created here; a handle created here may also cover up to `extra.spare` pages past the `n`
-    /// (growth in steps, sized and budgeted by `back_run`: see [`Extra`]). Pooled handles that
-    /// fit come first (largest first); then, with stitching or when `anywhere`, idle handles
-    /// proven safe, unmapped into the pool; then new handles within the limit; and when
-    /// `anywhere`, pooled handles too large for what is left are released to make room. On
-    /// failure every handle taken goes back to the pool.
+    /// Unmapped pieces of handles tiling `n` pages, in mapping order, each at most `per_handle`
+    /// pages when created here; a handle created here may also cover up to `extra.spare` pages
+    /// past the `n` (growth in steps, sized and budgeted by `back_run`: see [`Extra`]), mapped
+    /// as a piece of its own. Pooled pieces that fit come first (largest first); then a larger
+    /// pooled one, cut (no driver call: the rest stays pooled); then, with stitching or when
+    /// `anywhere`, idle mappings proven safe, unmapped into the pool; then new handles within
+    /// the limit. On failure every piece taken goes back to the pool.
     pub(super) fn acquire(
         &mut self,
         n: u32,
@@ -403,26 +483,38 @@ impl Inner {
         anywhere: bool,
         own: u32,
         extra: Extra,
-    ) -> std::result::Result<Vec<(PageHandle, u32)>, Miss> {
+    ) -> std::result::Result<Vec<Run>, Miss> {
         let Extra {
             spare,
             stepping,
             shared,
             first_apart,
             last_apart,
+            whole,
         } = extra;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
         // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
         // it would pass the limit, and on the last-resort path.
         let grow = !anywhere && self.limit.saturating_sub(self.reserved()) / self.page >= n as u64;
-        let mut got: Vec<(PageHandle, u32)> = Vec::new();
+        let mut got: Vec<Run> = Vec::new();
         let mut have = 0u32;
         while have < n {
             let want = n - have;
-            if let Some((h, k)) = self.pool_take(want) {
-                got.push((h, k));
-                have += k;
+            let pooled = match whole {
+                true => self.pool_take_whole(want).map(|(h, k)| Run::whole(h, k)),
+                false => self.pool_take(want),
+            };
+            if let Some(run) = pooled {
+                got.push(run);
+                have += run.k;
+                continue;
+            }
+            // Pooled pieces left are all larger than what is needed: cut one (unmapped, it
+            // costs nothing; the rest stays pooled for any other request).
+            if !whole && let Some(run) = self.pool_cut(want) {
+                got.push(run);
+                have += run.k;
                 continue;
             }
             if !grow && (self.stitch || anywhere) {
@@ -431,11 +523,10 @@ impl Inner {
                     Ok(false) => {}
                     Err(e) => return Err(self.give_back(got, e.into())),
                 }
-                // Pooled handles left are all larger than what is needed: give one back rather
-                // than grow beside it (re-cutting, as above). On the last-resort path
-                // (`anywhere`) this also makes room, once the limit is reached, for the smaller
-                // ones that fit.
-                if let Some((h, k)) = self.pool_take(u32::MAX) {
+                // Whole handles only, and those pooled are all larger than what is needed:
+                // give one back rather than grow beside it (re-cutting). On the last-resort
+                // path this also makes room, once the limit is reached, for one that fits.
+                if whole && let Some((h, k)) = self.pool_take_whole(u32::MAX) {
                     if let Err(e) = self.release_handle(h, k) {
                         return Err(self.give_back(got, Miss::Device(e)));
                     }
@@ -467,34 +558,173 @@ impl Inner {
                             .increase(Pool::Large, (k as u64 * self.page) as i64);
                         self.stats.num_device_alloc += 1;
                         self.count_growth(k as u64 * self.page, false);
-                        got.push((h, k));
+                        got.push(Run::whole(h, k));
                         have += k;
                         continue;
                     }
                     Err(e) => return Err(self.give_back(got, e.into())),
                 }
             }
+            if anywhere
+                && !whole
+                && let Some(run) = self.lend_idle(want)
+            {
+                got.push(run);
+                have += run.k;
+                continue;
+            }
             return Err(self.give_back(got, Miss::NoMemory));
         }
         Ok(got)
     }
 
-    pub(super) fn give_back(&mut self, handles: Vec<(PageHandle, u32)>, why: Miss) -> Miss {
-        let now = Instant::now();
-        for (h, k) in handles {
-            self.pool_put(h, k, now);
+    pub(super) fn give_back(&mut self, runs: Vec<Run>, why: Miss) -> Miss {
+        for run in runs {
+            self.put_back(run);
         }
         why
     }
 
-    /// Put an unmapped handle of `k` pages in the pool.
-    pub(super) fn pool_put(&mut self, h: PageHandle, k: u32, when: Instant) {
-        self.pool.entry(k).or_default().push((h, when));
-        self.pooled_pages += k as u64;
+    /// An acquired piece not mapped after all: a lent one goes back to where it was lent from,
+    /// any other to the pool.
+    fn put_back(&mut self, run: Run) {
+        match self.lending.remove(&(run.h.0, run.off)) {
+            Some(lend) => self.unlend(lend),
+            None => self.pool_put(run, Instant::now()),
+        }
     }
 
-    /// The largest pooled handle of at most `want` pages.
-    pub(super) fn pool_take(&mut self, want: u32) -> Option<(PageHandle, u32)> {
+    /// At the limit, once every stream is synchronised (`lend_ok`): up to `want` idle pages of a
+    /// mapping that live blocks elsewhere on it pin, lent to back a range elsewhere. A mapping
+    /// moves only whole and cannot be unmapped in part, so without this such pages serve only
+    /// blocks that fit where they are; CUDA maps a piece of a handle at any address, also while
+    /// another piece of it, or the same piece, is mapped elsewhere, and the pages stay held
+    /// where they were by a placeholder in their stream's heap (so that nothing is placed on
+    /// them there) until the mapping that borrowed them is unmapped (`unlend`). Only whole
+    /// pages inside free address ranges of the large heaps of streams that are not pinned
+    /// (private pools keep theirs). O(free ranges + their pages): the out-of-memory path only.
+    fn lend_idle(&mut self, want: u32) -> Option<Run> {
+        if !self.lend_ok || want == 0 {
+            return None;
+        }
+        let page = self.page;
+        for s in 0..self.streams.len() as u32 {
+            let st = &self.streams[s as usize];
+            if st.retired || st.pinned || st.pool.is_some() {
+                continue;
+            }
+            let mut ranges = Vec::new();
+            st.large.each_fit(page, |fit, free| {
+                ranges.push((fit, free));
+                true
+            });
+            for (fit, free) in ranges {
+                let r = &self.regions[fit.region as usize];
+                if r.plain || !r.live {
+                    continue;
+                }
+                let first = (fit.addr - r.base).div_ceil(page) as u32;
+                let end = ((fit.addr + free - r.base) / page) as u32;
+                let mut p = first;
+                while p < end {
+                    let slot = r.pages[p as usize];
+                    let Some(h) = slot.phys else {
+                        p += 1;
+                        continue;
+                    };
+                    let head = p - slot.hoff as u32;
+                    let hd = r.pages[head as usize];
+                    let stop = (head + hd.hlen as u32).min(end);
+                    // An idle mapping moves whole (stitching): only a busy one lends.
+                    if hd.busy == 0 {
+                        p = stop;
+                        continue;
+                    }
+                    let k = (stop - p).min(want);
+                    let run = Run {
+                        h,
+                        off: hd.hbase as u32 + (p - head),
+                        k,
+                    };
+                    let addr = r.base + p as u64 * page;
+                    let len = k as u64 * page;
+                    let node = self.streams[s as usize]
+                        .large
+                        .take_range(fit.node, addr, len);
+                    let region = fit.region;
+                    self.count_range(region, addr, len, true);
+                    self.lent_pages += k as u64;
+                    let lend = Lend {
+                        region,
+                        stream: s,
+                        addr,
+                        k,
+                        node,
+                    };
+                    self.lending.insert((h.0, run.off), lend);
+                    return Some(run);
+                }
+            }
+        }
+        None
+    }
+
+    /// Give lent pages back to where they were lent from: their placeholder leaves the heap and
+    /// their users there (a mapping left with no page in use goes idle).
+    pub(super) fn unlend(&mut self, lend: Lend) {
+        self.count_range(lend.region, lend.addr, lend.k as u64 * self.page, false);
+        self.streams[lend.stream as usize].large.free(lend.node);
+        self.lent_pages -= lend.k as u64;
+    }
+
+    /// Put an unmapped piece in the pool. A whole handle goes to `pool`; a piece of a split
+    /// handle to `parts`, unless it is the last one missing, when the handle is whole again.
+    pub(super) fn pool_put(&mut self, run: Run, when: Instant) {
+        self.pooled_pages += run.k as u64;
+        let Some(split) = self.split.get_mut(&run.h.0) else {
+            debug_assert_eq!(run.off, 0, "a piece of a handle not split");
+            self.pool.entry(run.k).or_default().push((run.h, when));
+            return;
+        };
+        split.pooled.push((run.off, run.k));
+        if split.pooled_pages() < split.pages {
+            self.parts.entry(run.k).or_default().push(run);
+            return;
+        }
+        let split = self.split.remove(&run.h.0).expect("found above");
+        for &(off, k) in split.pooled.iter().filter(|&&(off, _)| off != run.off) {
+            let list = self.parts.get_mut(&k).expect("a pooled piece is listed");
+            let at = list
+                .iter()
+                .position(|r| r.h == run.h && r.off == off)
+                .expect("a pooled piece is listed");
+            list.swap_remove(at);
+            if list.is_empty() {
+                self.parts.remove(&k);
+            }
+        }
+        self.pool
+            .entry(split.pages)
+            .or_default()
+            .push((run.h, when));
+    }
+
+    /// The largest pooled piece of at most `want` pages (a piece of a split handle before a
+    /// whole handle of the same length, so that whole ones stay whole for release).
+    pub(super) fn pool_take(&mut self, want: u32) -> Option<Run> {
+        let whole = self.pool.range(..=want).next_back().map(|(&k, _)| k);
+        let part = self.parts.range(..=want).next_back().map(|(&k, _)| k);
+        match (whole, part) {
+            (Some(w), p) if p.is_none_or(|p| w > p) => {
+                self.pool_take_whole(w).map(|(h, k)| Run::whole(h, k))
+            }
+            (_, Some(p)) => Some(self.take_part(p)),
+            _ => None,
+        }
+    }
+
+    /// The largest whole pooled handle of at most `want` pages: what may be released.
+    pub(super) fn pool_take_whole(&mut self, want: u32) -> Option<(PageHandle, u32)> {
         let (&k, list) = self.pool.range_mut(..=want).next_back()?;
         let (h, _) = list.pop().expect("no empty lists are kept");
         if list.is_empty() {
@@ -504,12 +734,88 @@ impl Inner {
         Some((h, k))
     }
 
-    /// Unmap one idle handle into the pool, taking it only once its stream is done with it (with
-    /// `block`, waiting for the stream): stream `own`'s first, then other streams', each oldest
-    /// first. Only a handle of at most `want` pages is taken, unless `block` (the last-resort
-    /// path, which may release what does not fit). A stream's first handle its fence does not
-    /// cover ends that stream's turn: the rest of its list is newer. Says whether one was
-    /// unmapped.
+    /// A pooled piece of `k` pages of a split handle, out of the pool.
+    fn take_part(&mut self, k: u32) -> Run {
+        let list = self.parts.get_mut(&k).expect("a listed length");
+        let run = list.pop().expect("no empty lists are kept");
+        if list.is_empty() {
+            self.parts.remove(&k);
+        }
+        let split = self
+            .split
+            .get_mut(&run.h.0)
+            .expect("a part is of a split handle");
+        let at = split
+            .pooled
+            .iter()
+            .position(|&(off, _)| off == run.off)
+            .expect("a pooled piece is recorded");
+        split.pooled.swap_remove(at);
+        self.pooled_pages -= k as u64;
+        run
+    }
+
+    /// `want` pages cut from the smallest pooled piece or handle longer than that; the rest
+    /// stays pooled. No driver call: the pieces are unmapped.
+    fn pool_cut(&mut self, want: u32) -> Option<Run> {
+        let above = want.checked_add(1)?;
+        let whole = self.pool.range(above..).next().map(|(&k, _)| k);
+        let part = self.parts.range(above..).next().map(|(&k, _)| k);
+        let run = match (whole, part) {
+            (Some(w), p) if p.is_none_or(|p| w < p) => {
+                let (h, k) = self.pool_take_whole(w)?;
+                self.split.insert(
+                    h.0,
+                    Split {
+                        pages: k,
+                        pooled: Vec::new(),
+                    },
+                );
+                Run::whole(h, k)
+            }
+            (_, Some(p)) => self.take_part(p),
+            _ => return None,
+        };
+        self.pool_put(
+            Run {
+                h: run.h,
+                off: run.off + want,
+                k: run.k - want,
+            },
+            Instant::now(),
+        );
+        Some(Run { k: want, ..run })
+    }
+
+    /// Give back an unmapped piece: released when it is a whole handle or the last piece of
+    /// one missing from the pool (with the rest), pooled otherwise.
+    pub(super) fn release_run(&mut self, run: Run) -> std::result::Result<(), DeviceError> {
+        let Some(pages) = self.split.get(&run.h.0).map(|s| s.pages) else {
+            return self.release_handle(run.h, run.k);
+        };
+        self.pool_put(run, Instant::now());
+        if self.split.contains_key(&run.h.0) {
+            return Ok(());
+        }
+        let list = self.pool.get_mut(&pages).expect("just joined");
+        let at = list
+            .iter()
+            .position(|&(h, _)| h == run.h)
+            .expect("just joined");
+        list.swap_remove(at);
+        if list.is_empty() {
+            self.pool.remove(&pages);
+        }
+        self.pooled_pages -= pages as u64;
+        self.release_handle(run.h, pages)
+    }
+
+    /// Unmap one idle mapping into the pool, taking it only once its stream is done with it
+    /// (with `block`, waiting for the stream): stream `own`'s first, then other streams', each
+    /// oldest first. Only a mapping of at most `want` pages is taken, unless `block` (the
+    /// last-resort path; the caller cuts what is too large). A stream's first mapping its fence
+    /// does not cover ends that stream's turn: the rest of its list is newer. Says whether one
+    /// was unmapped.
     pub(super) fn reclaim_idle_handle(
         &mut self,
         want: u32,
@@ -517,10 +823,9 @@ impl Inner {
         own: u32,
     ) -> std::result::Result<bool, DeviceError> {
         let others = (0..self.streams.len() as u32).filter(|&s| s != own);
-        let mut larger = None;
         for s in std::iter::once(own).chain(others) {
             let mut at = self.streams[s as usize].idle_head;
-            // Bounded: a handle too large is passed over, at most this many per stream.
+            // Bounded: a mapping too large is passed over, at most this many per stream.
             let mut looked = 0;
             while at != PageRef::NONE && looked < IDLE_SCAN {
                 looked += 1;
@@ -529,46 +834,44 @@ impl Inner {
                     break;
                 }
                 if slot.hlen as u32 <= want || block {
-                    let (h, k) = self.unmap_idle(at)?;
-                    self.pool_put(h, k, Instant::now());
+                    if let Some(run) = self.unmap_idle(at)? {
+                        self.pool_put(run, Instant::now());
+                    }
                     return Ok(true);
-                }
-                if larger.is_none() {
-                    larger = Some((s, at));
                 }
                 at = slot.idle_next;
             }
         }
-        // None small enough, on the last-resort path: re-cut the oldest safe larger handle
-        // (release it, so the pages needed can be created in its room). Elsewhere the caller
-        // creates instead: a re-cut costs a release and a create every time the same misses
-        // recur, where growing once costs one create.
-        if let Some((_, at)) = larger.filter(|_| block) {
-            let (h, k) = self.unmap_idle(at)?;
-            self.release_handle(h, k)?;
-            return Ok(true);
-        }
         Ok(false)
     }
 
-    /// Unmap an idle handle (`at` is its head); it is returned, mapped nowhere, with its pages.
+    /// Unmap an idle mapping (`at` is its head); it is returned, mapped nowhere, unless its
+    /// pages were lent (`lend_idle`): they go back to where they were lent from, and `None`.
     pub(super) fn unmap_idle(
         &mut self,
         at: PageRef,
-    ) -> std::result::Result<(PageHandle, u32), DeviceError> {
+    ) -> std::result::Result<Option<Run>, DeviceError> {
         let region = &self.regions[at.region as usize];
         let va = region.base + at.page as u64 * self.page;
         let pool = region.pool;
         let slot = *self.slot(at);
         let k = slot.hlen as u32;
-        let h = slot.phys.expect("an idle handle is mapped");
+        let h = slot.phys.expect("an idle mapping is mapped");
         self.dev.unmap(va, k as u64 * self.page)?;
         self.idle_unlink(at);
         self.clear_handle(at.region, at.page, k);
         if pool == Pool::Small {
             self.move_reserved(Pool::Small, Pool::Large, k as u64, 1);
         }
-        Ok((h, k))
+        if let Some(lend) = self.lends.remove(&va) {
+            self.unlend(lend);
+            return Ok(None);
+        }
+        Ok(Some(Run {
+            h,
+            off: slot.hbase as u32,
+            k,
+        }))
     }
 
     /// Whether every page stream `s` made idle at or before `stamp` is no longer used by the GPU.

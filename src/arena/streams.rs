@@ -117,8 +117,9 @@ impl Inner {
         }
         let now = Instant::now();
         while self.streams[s as usize].idle_head != PageRef::NONE {
-            let (h, k) = self.unmap_idle(self.streams[s as usize].idle_head)?;
-            self.pool_put(h, k, now);
+            if let Some(run) = self.unmap_idle(self.streams[s as usize].idle_head)? {
+                self.pool_put(run, now);
+            }
         }
         while let Some(&r) = self.streams[s as usize].regions.last() {
             self.drop_region(r)?;

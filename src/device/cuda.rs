@@ -805,11 +805,7 @@ impl Device for CudaDevice {
             .check("cuMemRelease", unsafe { (v.release)(page.0) })
     }
 
-    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
-        self.map_run(va, &[(page, size)]).map_err(|e| e.error)
-    }
-
-    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
+    fn map_run(&self, va: DevPtr, handles: &[Piece]) -> Result<(), MapRunError> {
         let fail = |error| MapRunError { error, mapped: 0 };
         let v = self.vmm_api("map").map_err(fail)?;
         let _ctx = self.ctx().map_err(fail)?;
@@ -824,10 +820,19 @@ impl Device for CudaDevice {
             &mut (),
             va,
             handles,
-            |_, at, size, page| {
+            |_, at, piece| {
                 bump(&self.counters.mem_map);
-                // SAFETY: plain driver call; the driver validates the range and the handle.
-                let rc = unsafe { (v.map)(at, size as usize, 0, page.0, 0) };
+                // SAFETY: plain driver call; the driver validates the range, the offset and the
+                // handle.
+                let rc = unsafe {
+                    (v.map)(
+                        at,
+                        piece.size as usize,
+                        piece.offset as usize,
+                        piece.page.0,
+                        0,
+                    )
+                };
                 self.drv.check("cuMemMap", rc)
             },
             // One grant for everything mapped: access is per range, not per handle. After a

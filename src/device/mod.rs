@@ -9,9 +9,12 @@
 //! (hundreds of microseconds on a real GPU) and may fail; none of them is on the cache-hit path.
 //!
 //! Invariants the arena relies on:
-//! - `map` places one physical page at a page-aligned virtual address inside a range returned by
-//!   `reserve`, and makes it readable and writable by the device (cuMemMap + cuMemSetAccess).
-//! - A physical page may be mapped at most once at a time.
+//! - `map_run` places pieces of physical handles ([`Piece`]: a handle, an offset, a size) at
+//!   page-aligned virtual addresses inside a range returned by `reserve`, and makes them readable
+//!   and writable by the device (cuMemMap + cuMemSetAccess). A handle may be mapped in several
+//!   pieces at once; `unmap` takes whole mappings (pieces), never part of one.
+//! - A physical byte may be mapped at several addresses at once (CUDA allows it); the arena does
+//!   so only to lend idle pages at the limit, and never places two live allocations on one.
 //! - An event recorded on a stream completes only after all work queued on that stream before the
 //!   record has completed.
 
@@ -33,6 +36,27 @@ pub type DevPtr = u64;
 /// An opaque handle to one physical page (`CUmemGenericAllocationHandle` on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PageHandle(pub u64);
+
+/// `size` bytes of a physical handle from byte `offset` on: what one cuMemMap maps. A handle may
+/// be mapped in several pieces at once, at different addresses, as long as no two pieces of it
+/// overlap (the arena maps each physical byte at most once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub page: PageHandle,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Piece {
+    /// The whole of a handle of `size` bytes.
+    pub fn whole(page: PageHandle, size: u64) -> Piece {
+        Piece {
+            page,
+            offset: 0,
+            size,
+        }
+    }
+}
 
 /// An opaque event handle (`CUevent` on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -261,25 +285,25 @@ pub struct MapRunError {
 
 /// The protocol of [`Device::map_run`], one place for every implementation: `map` each handle
 /// at consecutive addresses from `va` until one fails, then `grant` access to what was mapped (a
-/// range of `len` bytes from `va`, covering `handles` handles); if the grant fails, `undo` that
+/// range of `len` bytes from `va`, covering `handles` mappings); if the grant fails, `undo` that
 /// range (true when it is unmapped again). Each step gets `cx`, the implementation's state (its
 /// lock guard, say).
 pub(crate) fn map_run_with<C>(
     cx: &mut C,
     va: DevPtr,
-    handles: &[(PageHandle, u64)],
-    mut map: impl FnMut(&mut C, DevPtr, u64, PageHandle) -> DeviceResult<()>,
+    handles: &[Piece],
+    mut map: impl FnMut(&mut C, DevPtr, Piece) -> DeviceResult<()>,
     grant: impl FnOnce(&mut C, DevPtr, u64, u64) -> DeviceResult<()>,
     undo: impl FnOnce(&mut C, DevPtr, u64) -> bool,
 ) -> Result<(), MapRunError> {
     let mut at = va;
     let mut failed = None;
-    for (i, &(page, size)) in handles.iter().enumerate() {
-        if let Err(e) = map(cx, at, size, page) {
+    for (i, &piece) in handles.iter().enumerate() {
+        if let Err(e) = map(cx, at, piece) {
             failed = Some((e, i));
             break;
         }
-        at += size;
+        at += piece.size;
     }
     let mapped = failed.as_ref().map_or(handles.len(), |f| f.1);
     if mapped > 0
@@ -328,26 +352,19 @@ pub trait Device: Send + Sync {
     /// Release a physical page. It must not be mapped anywhere.
     fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
     /// Map `page` (of `size` bytes) at `va` and grant the device read/write access.
-    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()>;
-    /// Map `handles` (each with its size) at consecutive addresses from `va`, and grant the
-    /// device read/write access to the whole run: one cuMemMap per handle, then one
+    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        self.map_run(va, &[Piece::whole(page, size)])
+            .map_err(|e| e.error)
+    }
+    /// Map `handles` (pieces of handles: each a handle, an offset in it and a size) at
+    /// consecutive addresses from `va`, and grant the
+    /// device read/write access to the whole run: one cuMemMap per piece, then one
     /// cuMemSetAccess for the run (PyTorch grants access per contiguous range; on an H200 such a
     /// grant costs what one grant per handle would, so it saves calls, not time). On failure,
     /// says how many leading handles stay mapped, and accessible: the implementation grants
     /// access to what it mapped before the failure, or, if that fails too, unmaps it (a prefix
-    /// that can be neither is reported mapped, so it is never taken for unmapped memory). The
-    /// default maps handle by handle with [`Device::map`].
-    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
-        // `map` grants access itself: nothing to grant for the run, nothing to undo.
-        map_run_with(
-            &mut (),
-            va,
-            handles,
-            |_, at, size, page| self.map(at, size, page),
-            |_, _, _, _| Ok(()),
-            |_, _, _| true,
-        )
-    }
+    /// that can be neither is reported mapped, so it is never taken for unmapped memory).
+    fn map_run(&self, va: DevPtr, handles: &[Piece]) -> Result<(), MapRunError>;
     /// Unmap `size` bytes at `va`: a run of whole mappings. The physical pages stay alive.
     fn unmap(&self, va: DevPtr, size: u64) -> DeviceResult<()>;
 

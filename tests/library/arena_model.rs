@@ -1113,3 +1113,106 @@ proptest! {
         arena.check_consistency().map_err(TestCaseError::fail)?;
     }
 }
+
+/// A 1 GiB device: a 30 MiB block `x` (one handle, under 1/32 of the limit) and a 990 MiB block
+/// `y` fill it but for 2 pages; `x` is freed and a 6 MiB block `s` lands on the start of its
+/// pages (mapped already: no driver call), so `x`'s handle keeps 12 idle pages that only a block
+/// of at most 24 MiB could use where they are. A 28 MiB request then fits nowhere as things
+/// lie: the limit leaves 2 pages, and the idle ones cannot move, since `s` holds their mapping.
+/// They are lent: mapped a second time where the request goes, and held by a placeholder where
+/// they were. Returns the device, the arena and `(s, y, z)`.
+fn idle_pages_a_live_block_pins() -> (Arc<SimDevice>, Arena, [u64; 3]) {
+    let sim = Arc::new(SimDevice::new(SimConfig::new(1 << 30, PAGE, true)).unwrap());
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    let x = arena.malloc(30 << 20, 0).unwrap();
+    let y = arena.malloc(990 << 20, 0).unwrap();
+    arena.free(x, Some(30 << 20), 0).unwrap();
+    let creates = sim.counters().mem_create;
+    let s = arena.malloc(6 << 20, 0).unwrap();
+    assert_eq!(s, x, "s lands on the start of x's pages");
+    assert_eq!(sim.counters().mem_create, creates);
+    // SAFETY: live blocks of the arena on a host-backed device.
+    unsafe {
+        std::ptr::write_bytes(s as *mut u8, 0x5a, 6 << 20);
+        std::ptr::write_bytes(y as *mut u8, 0x7e, 990 << 20);
+    }
+    let before = sim.counters();
+    let z = arena
+        .malloc(28 << 20, 0)
+        .expect("the pages s pins are lent to the new block");
+    assert!(
+        !(x..x + (30 << 20)).contains(&z),
+        "z cannot fit where x was"
+    );
+    assert_eq!(
+        sim.counters().mem_create_bytes - before.mem_create_bytes,
+        2 * PAGE,
+        "what is created is the 2 pages the limit left"
+    );
+    assert_eq!(arena.stats().reserved_bytes.all().current, 1 << 30);
+    // SAFETY: as above; z is live.
+    unsafe { std::ptr::write_bytes(z as *mut u8, 0x33, 28 << 20) };
+    let holds = |ptr: u64, len: u64, byte: u8| {
+        // SAFETY: live blocks on a host-backed device.
+        let b = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
+        b.iter().all(|&v| v == byte)
+    };
+    assert!(holds(s, 6 << 20, 0x5a), "s kept its bytes");
+    assert!(holds(y, 990 << 20, 0x7e), "y kept its bytes");
+    assert!(holds(z, 28 << 20, 0x33));
+    arena.check_consistency().unwrap();
+    let pages = arena.extras().pages;
+    assert_eq!(
+        pages.total() * PAGE,
+        arena.stats().reserved_bytes.all().current as u64,
+        "lent pages count once: {pages:?}"
+    );
+    (sim, arena, [s, y, z])
+}
+
+#[test]
+fn idle_pages_a_live_block_pins_are_lent_at_the_limit() {
+    let (sim, arena, [s, y, z]) = idle_pages_a_live_block_pins();
+    // Freed, z's mapping goes idle; emptying the cache unmaps it and gives the pages back (and
+    // releases the 2 pages created for z): a 24 MiB block then fits after s, where they are,
+    // with no new memory.
+    arena.free(z, Some(28 << 20), 0).unwrap();
+    arena.empty_cache().unwrap();
+    arena.check_consistency().unwrap();
+    let pages = arena.extras().pages;
+    assert_eq!(
+        pages.held, 12,
+        "x's idle pages are back where they were: {pages:?}"
+    );
+    let creates = sim.counters().mem_create;
+    let w = arena.malloc(24 << 20, 0).unwrap();
+    assert_eq!(w, s + (6 << 20), "w takes the pages after s");
+    assert_eq!(sim.counters().mem_create, creates);
+    arena.check_consistency().unwrap();
+    for (p, n) in [(s, 6u64 << 20), (y, 990 << 20), (w, 24 << 20)] {
+        arena.free(p, Some(n), 0).unwrap();
+    }
+    arena.empty_cache().unwrap();
+    assert_eq!(sim.used_bytes(), 0);
+    assert_eq!(sim.mapped_pages(), 0);
+    assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+}
+
+#[test]
+fn lent_pages_go_back_whatever_is_freed_first() {
+    // Everything freed, then the cache emptied in one go: whether the borrowing mapping is
+    // unmapped before or after the one its pages came from, nothing is left held or mapped.
+    for order in [[2usize, 0, 1], [0, 1, 2]] {
+        let (sim, arena, blocks) = idle_pages_a_live_block_pins();
+        let sizes = [6u64 << 20, 990 << 20, 28 << 20];
+        for i in order {
+            arena.free(blocks[i], Some(sizes[i]), 0).unwrap();
+            arena.check_consistency().unwrap();
+        }
+        arena.empty_cache().unwrap();
+        arena.check_consistency().unwrap();
+        assert_eq!(sim.used_bytes(), 0);
+        assert_eq!(sim.mapped_pages(), 0);
+        assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+    }
+}

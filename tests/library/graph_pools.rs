@@ -544,7 +544,7 @@ fn released_pools_wait_for_the_capture_and_the_message_says_so() {
         "{e}"
     );
     assert!(
-        e.contains("0 bytes cached (0 bytes in idle mapped pages"),
+        e.contains("cached (0 bytes in idle mapped pages"),
         "the released pools' pages are not cached: {e}"
     );
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
@@ -588,7 +588,12 @@ fn a_released_pool_that_never_captured_is_usable_during_another_capture() {
     // 700 MiB on stream 2: only with the released pool's 600 MiB (stream 3 synchronised alone).
     let big = arena.malloc(700 * MIB, 2).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
-    assert_eq!(arena.pool_info(pool).map(|p| p.mapped_pages), Some(0));
+    // What it needed moved (a mapping moves whole; the pool cuts it to what is needed).
+    let left = arena.pool_info(pool).map(|p| p.mapped_pages).unwrap();
+    assert!(
+        left <= 300 - 138,
+        "{left} of the pool's 300 pages still mapped"
+    );
     // A pool that did serve a capture still waits for the device-wide synchronisation.
     let captured = (7, 0);
     arena.begin_pool(captured).unwrap();

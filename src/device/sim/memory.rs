@@ -8,8 +8,9 @@ pub(super) struct Page {
     pub(super) size: u64,
     /// Offset of its bytes in the memfd (backing only).
     pub(super) offset: u64,
-    /// Where it is mapped now, if anywhere.
-    pub(super) mapped_at: Option<DevPtr>,
+    /// Its pieces mapped now: `(offset, size, va)` each (two may overlap: the same bytes mapped
+    /// at two addresses).
+    pub(super) maps: Vec<(u64, u64, DevPtr)>,
 }
 
 /// One successful `map` call.
@@ -187,8 +188,13 @@ pub(super) fn overlaps(a: DevPtr, a_len: u64, b: DevPtr, b_len: u64) -> bool {
 }
 
 impl State {
-    /// cuMemMap of `page` at `va`, without the access grant (see `Device::map_run`).
-    pub(super) fn map_one(&mut self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+    /// cuMemMap of a piece of a page at `va`, without the access grant (see `Device::map_run`).
+    pub(super) fn map_one(&mut self, va: DevPtr, piece: Piece) -> DeviceResult<()> {
+        let Piece {
+            page,
+            offset: at_offset,
+            size,
+        } = piece;
         let s = self;
         s.counters.mem_map += 1;
         let n = s.faults.begin(SimCall::Map);
@@ -200,19 +206,18 @@ impl State {
                 page.0
             )));
         };
-        if p.size != size {
+        if at_offset % s.granularity != 0 || at_offset.checked_add(size).is_none_or(|e| e > p.size)
+        {
             return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}",
+                "cuMemMap at {va:#x}+{size}: page {:#x} has size {}, so bytes {at_offset}.. of \
+                 it cannot be mapped (the offset must be a multiple of the granularity and the \
+                 piece must end inside the page)",
                 page.0, p.size
             )));
         }
-        if let Some(at) = p.mapped_at {
-            return Err(misuse(format!(
-                "cuMemMap at {va:#x}+{size}: page {:#x} is already mapped at {at:#x}",
-                page.0
-            )));
-        }
-        let offset = p.offset;
+        // A piece already mapped elsewhere may be mapped again (CUDA allows a handle at
+        // several addresses at once; the arena lends pages so: `Inner::lend_idle`).
+        let offset = p.offset + at_offset;
         if s.reservation_holding(va, size).is_none() {
             return Err(misuse(format!(
                 "cuMemMap at {va:#x}+{size}: the range is not inside one live reservation"
@@ -247,7 +252,8 @@ impl State {
             }
         }
         s.mappings.insert(va, Mapping { size, page: page.0 });
-        s.pages.get_mut(&page.0).expect("checked above").mapped_at = Some(va);
+        let p = s.pages.get_mut(&page.0).expect("checked above");
+        p.maps.push((at_offset, size, va));
         Ok(())
     }
 
@@ -308,7 +314,7 @@ impl State {
         for start in covered {
             let m = s.mappings.remove(&start).expect("found above");
             if let Some(p) = s.pages.get_mut(&m.page) {
-                p.mapped_at = None;
+                p.maps.retain(|&(_, _, at)| at != start);
             }
         }
         Ok(())

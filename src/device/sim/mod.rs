@@ -24,8 +24,9 @@
 //! - **Failure injection and leak accounting** for the arena's error paths and leak tests.
 //!
 //! Invariants kept under the one lock:
-//! - mappings never overlap, each lies inside one live reservation, and each maps exactly one
-//!   live page, which records that address (`Page::mapped_at`);
+//! - mappings never overlap, each lies inside one live reservation, and each maps a piece of
+//!   one live page, which records it (`Page::maps`); a piece may be mapped at several addresses
+//!   at once, as on CUDA;
 //! - `used` = bytes of live pages + bytes of live plain allocations ≤ capacity;
 //! - with backing, the bytes of the memfd that hold data are exactly those of live pages (holes
 //!   are punched on release), and every host mapping we made is undone on drop.
@@ -47,7 +48,7 @@ use parking_lot::Mutex;
 
 use super::{
     DevPtr, Device, DeviceError, DeviceInfo, DeviceResult, DriverCounters, EventHandle,
-    MapRunError, PageHandle, StreamId, map_run_with,
+    MapRunError, PageHandle, Piece, StreamId, map_run_with,
 };
 
 mod asynchrony;
@@ -362,7 +363,7 @@ impl Device for SimDevice {
             Page {
                 size,
                 offset,
-                mapped_at: None,
+                maps: Vec::new(),
             },
         );
         Ok(PageHandle(handle))
@@ -378,10 +379,11 @@ impl Device for SimDevice {
                 page.0
             )));
         };
-        if let Some(va) = p.mapped_at {
+        if let Some(&(offset, size, va)) = p.maps.first() {
             return Err(misuse(format!(
-                "cuMemRelease: page {:#x} is still mapped at {va:#x}+{}",
-                page.0, p.size
+                "cuMemRelease: page {:#x} is still mapped: bytes {offset}..{} of it at {va:#x}",
+                page.0,
+                offset + size
             )));
         }
         let users: Vec<String> = s
@@ -405,20 +407,16 @@ impl Device for SimDevice {
         Ok(())
     }
 
-    fn map(&self, va: DevPtr, size: u64, page: PageHandle) -> DeviceResult<()> {
-        self.map_run(va, &[(page, size)]).map_err(|e| e.error)
-    }
-
     /// One cuMemMap per handle, at consecutive addresses, then one cuMemSetAccess for the run (as
     /// PyTorch's expandable segments grant access per contiguous range). What was mapped before
     /// a failure is granted access and reported (see [`Device::map_run`]).
-    fn map_run(&self, va: DevPtr, handles: &[(PageHandle, u64)]) -> Result<(), MapRunError> {
+    fn map_run(&self, va: DevPtr, handles: &[Piece]) -> Result<(), MapRunError> {
         let mut s = self.state.lock();
         map_run_with(
             &mut *s,
             va,
             handles,
-            |s, at, size, page| s.map_one(at, size, page),
+            |s, at, piece| s.map_one(at, piece),
             |s, _, _, handles| {
                 // CUDA needs cuMemSetAccess after cuMemMap before the range is usable.
                 s.counters.set_access += 1;
