@@ -89,7 +89,6 @@ impl Inner {
         len: u64,
         anywhere: bool,
     ) -> std::result::Result<(), Miss> {
-        self.unmap_partly_covered(region, addr, len, anywhere);
         if self.count_range(region, addr, len, true) {
             return Ok(()); // every page mapped already: the usual case, a freed block reused
         }
@@ -124,57 +123,6 @@ impl Inner {
             self.grown_lengths.insert(len, (addr, self.tick));
         }
         Ok(())
-    }
-
-    /// On the last-resort path (`anywhere`: the limit is reached), a block about to be placed on
-    /// part of an idle mapping would pin all of it: the rest could serve no request that does
-    /// not fit beside the block, for a mapping moves only whole. Such a mapping is unmapped into
-    /// the pool first, once its stream is done with it (the ladder synchronised every stream
-    /// before this path), and the block's pages are then mapped from it as a piece of their
-    /// own (`pool_cut`): the rest stays pooled, free to back any address. Only the large pool's
-    /// mappings (slabs share pages by design); not a pinned private pool's (pool.rs).
-    ///
-    /// Not done before the limit is reached: a split costs an unmap and a map and an access
-    /// grant, and where the block lands again in the next step, its piece is mapped there again.
-    /// Splitting whenever the limit left less than 1/8 (or 1/2) of it unused, and mapping the
-    /// spare pages of a growth step as a piece of their own, each moved one to three of the 142
-    /// shared traces' smallest capacities while costing memory driver calls in the fifth step of
-    /// 2 to 10 of them at 80 GiB, and up to 1.7x the modelled driver time (BENCHMARKS.md,
-    /// "Pieces of handles").
-    fn unmap_partly_covered(&mut self, region: u32, addr: u64, len: u64, anywhere: bool) {
-        let r = &self.regions[region as usize];
-        let s = r.stream;
-        if r.plain || r.pool != Pool::Large || self.streams[s as usize].pinned {
-            return;
-        }
-        if !anywhere {
-            return;
-        }
-        let (first, last) = self.pages_of(region, addr, len);
-        for p in [first, last] {
-            let slot = self.regions[region as usize].pages[p as usize];
-            if slot.phys.is_none() {
-                continue;
-            }
-            let head = p - slot.hoff as u32;
-            let hd = self.regions[region as usize].pages[head as usize];
-            let end = head + hd.hlen as u32 - 1;
-            if hd.busy != 0 || hd.idle_stamp == 0 || (head >= first && end <= last) {
-                continue;
-            }
-            if !matches!(self.stream_done_with(s, hd.idle_stamp, false), Ok(true)) {
-                continue;
-            }
-            let Ok(Some(run)) = self.unmap_idle(PageRef { region, page: head }) else {
-                continue;
-            };
-            // A mapping of a handle not split is the whole handle.
-            self.split.entry(run.h.0).or_insert_with(|| Split {
-                pages: run.k,
-                pooled: Vec::new(),
-            });
-            self.pool_put(run, Instant::now());
-        }
     }
 
     /// Add (or remove) one user and the covered bytes of `[addr, addr + len)` on its pages. Only
