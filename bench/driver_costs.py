@@ -17,6 +17,8 @@ What it measures, on an idle GPU unless said otherwise:
   cuMemUnmap (what the arena's map_run does), against one call per handle;
 - one handle mapped as 1 to 32 pieces (cuMemMap at an offset) and granted with one
   cuMemSetAccess: whether a grant costs per handle or per mapping it covers;
+- one handle mapped at two addresses at once (the arena's lending): allowed, its cost, and that
+  both addresses show the same bytes;
 - cuMemAddressReserve / cuMemAddressFree of 8 GiB;
 - cuMemAlloc / cuMemFree (cudaMalloc / cudaFree) at 2 MiB, 20 MiB, 200 MiB and 1 GiB;
 - the event and synchronisation calls the arena makes, and cuMemGetInfo;
@@ -125,6 +127,17 @@ class Driver:
             fn = getattr(self.lib, name)
             fn.argtypes = args
             fn.restype = ctypes.c_int
+            setattr(self, name, fn)
+        # Optional (a fake driver may lack them): to check that two mappings show the same bytes.
+        optional = {
+            "cuMemsetD8_v2": [u64, ctypes.c_ubyte, sz],
+            "cuMemcpyDtoH_v2": [p, u64, sz],
+        }
+        for name, args in optional.items():
+            fn = getattr(self.lib, name, None)
+            if fn is not None:
+                fn.argtypes = args
+                fn.restype = ctypes.c_int
             setattr(self, name, fn)
 
     def check(self, name: str, rc: int) -> None:
@@ -296,6 +309,38 @@ class Bench:
             f"cuMemSetAccess {n} pieces x {mib} MiB of one handle", grant, size=size, pieces=n
         )
         self.record(f"cuMemUnmap {n} pieces x {mib} MiB of one handle", unmap, size=size, pieces=n)
+
+    def vmm_alias(self, size: int) -> None:
+        """One handle mapped at two addresses at once (the arena lends idle pages at the limit
+        so): whether the driver allows it, what the second map and its grant cost, and, where the
+        driver has cuMemsetD8 and cuMemcpyDtoH, that bytes set through one address read back
+        through the other."""
+        drv = self.drv
+        base = self.reserve(2 * size)
+        h = self.create(size)[0]
+        second, grant = [], []
+        same = None
+        try:
+            drv.check("cuMemMap", drv.cuMemMap(base, size, 0, h, 0))
+            drv.check("cuMemSetAccess", self.grant(base, size))
+            for _ in range(self.reps(16)):
+                second.append(timed(drv, "cuMemMap", drv.cuMemMap, base + size, size, 0, h, 0))
+                grant.append(timed(drv, "cuMemSetAccess", self.grant, base + size, size))
+                if same is None and drv.cuMemsetD8_v2 and drv.cuMemcpyDtoH_v2:
+                    drv.check("cuMemsetD8", drv.cuMemsetD8_v2(base, 0x5A, size))
+                    buf = ctypes.create_string_buffer(4096)
+                    drv.check("cuMemcpyDtoH", drv.cuMemcpyDtoH_v2(buf, base + size, 4096))
+                    same = buf.raw == b"\x5a" * 4096
+                drv.check("cuMemUnmap", drv.cuMemUnmap(base + size, size))
+            drv.check("cuMemUnmap", drv.cuMemUnmap(base, size))
+        finally:
+            drv.cuMemRelease(h)
+            drv.cuMemAddressFree(base, 2 * size)
+        mib = size // MiB
+        self.record(f"cuMemMap {mib} MiB, mapped elsewhere already", second, size=size)
+        self.record(
+            f"cuMemSetAccess {mib} MiB, mapped elsewhere already", grant, size=size, same=same
+        )
 
     def address(self) -> None:
         drv = self.drv
@@ -601,6 +646,7 @@ def main() -> int:
             "one grant over pieces of one handle",
             lambda: [bench.vmm_pieces(2 * MiB, n) for n in RUNS],
         ),
+        ("one handle at two addresses", lambda: bench.vmm_alias(2 * MiB)),
         ("address reservations", bench.address),
         ("cuMemAlloc/cuMemFree 2 MiB", lambda: bench.plain(2 * MiB, 128)),
         ("cuMemAlloc/cuMemFree 20 MiB", lambda: bench.plain(20 * MiB, 64)),

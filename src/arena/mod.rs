@@ -679,6 +679,8 @@ struct Inner {
     /// Every stream has been synchronised for the request being served (the out-of-memory
     /// ladder's first step, outside any capture): idle pages may be lent.
     lend_ok: bool,
+    /// The driver refused a second mapping of lent pages once: no more lending.
+    lend_refused: bool,
     /// Pages lent (mapped twice): counted in use where they were lent from and where they are.
     lent_pages: u64,
     /// Handles created with spare pages (growth steps, `Inner::back_run`), mapped or pooled, by
@@ -804,6 +806,7 @@ impl Arena {
             lends: IntMap::default(),
             lending: HashMap::new(),
             lend_ok: false,
+            lend_refused: false,
             lent_pages: 0,
             shared_handles: IntMap::default(),
             shared_pages: 0,

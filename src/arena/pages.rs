@@ -377,10 +377,25 @@ impl Inner {
                 size: r.k as u64 * self.page,
             })
             .collect();
-        let (mapped, result) = match self.dev.map_run(base + start as u64 * self.page, &pieces) {
+        let (mapped, mut result) = match self.dev.map_run(base + start as u64 * self.page, &pieces)
+        {
             Ok(()) => (runs.len(), Ok(())),
             Err(e) => (e.mapped.min(runs.len()), Err(Miss::Device(e.error))),
         };
+        // A driver that refuses a second mapping of lent pages (CUDA allows it; a driver that
+        // did not would refuse every time): no more lending here, and the request is short of
+        // memory, as it would have been without lending.
+        if let (Err(Miss::Device(e)), Some(run)) = (&result, runs.get(mapped))
+            && self.lending.contains_key(&(run.h.0, run.off))
+        {
+            tracing::warn!(
+                device = self.info.ordinal,
+                error = %e,
+                "the driver refused to map lent pages a second time: lending is off for this device"
+            );
+            self.lend_refused = true;
+            result = Err(Miss::NoMemory);
+        }
         for &run in &runs[mapped..] {
             self.put_back(run);
         }
@@ -552,7 +567,7 @@ impl Inner {
     /// pages inside free address ranges of the large heaps of streams that are not pinned
     /// (private pools keep theirs). O(free ranges + their pages): the out-of-memory path only.
     fn lend_idle(&mut self, want: u32) -> Option<Run> {
-        if !self.lend_ok || want == 0 {
+        if !self.lend_ok || self.lend_refused || want == 0 {
             return None;
         }
         let page = self.page;

@@ -1216,3 +1216,33 @@ fn lent_pages_go_back_whatever_is_freed_first() {
         assert!(sim.violations().is_empty(), "{:?}", sim.violations());
     }
 }
+
+/// A driver that refused to map lent pages a second time: the request runs out of memory, as it
+/// would have without lending (not a driver error), and lending is off from then on.
+#[test]
+fn a_refused_second_mapping_turns_lending_off() {
+    let setup = || {
+        let sim = Arc::new(SimDevice::new(SimConfig::new(1 << 30, PAGE, true)).unwrap());
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        let x = arena.malloc(30 << 20, 0).unwrap();
+        arena.malloc(990 << 20, 0).unwrap();
+        arena.free(x, Some(30 << 20), 0).unwrap();
+        arena.malloc(6 << 20, 0).unwrap();
+        (sim, arena)
+    };
+    // The lent pages are the last piece the request maps: count its maps once.
+    let (sim, arena) = setup();
+    let before = sim.counters().mem_map;
+    arena.malloc(28 << 20, 0).unwrap();
+    let lent_map = sim.counters().mem_map - before;
+    let (sim, arena) = setup();
+    sim.fail_nth(torch_arena::device::sim::SimCall::Map, lent_map);
+    let e = arena.malloc(28 << 20, 0).unwrap_err().to_string();
+    assert!(e.contains("CUDA out of memory"), "{e}");
+    arena.check_consistency().unwrap();
+    // Lending stays off: the same request runs out of memory again with every map working.
+    let e = arena.malloc(28 << 20, 0).unwrap_err().to_string();
+    assert!(e.contains("CUDA out of memory"), "{e}");
+    assert_eq!(arena.extras().pages.held, 12, "the pages were not lent");
+    arena.check_consistency().unwrap();
+}
