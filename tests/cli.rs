@@ -1086,6 +1086,65 @@ fn fit_table_names_every_allocator_and_setting() {
     );
 }
 
+/// `fit --plot`: one panel per trace with each allocator's curve and where it starts to fit;
+/// `{trace}` writes a file per trace; more than 6 traces make an overview; not SVG is refused.
+#[test]
+fn fit_plot_draws_each_allocator_near_its_limit() {
+    let dir = scratch("fit-plot");
+    let one = dir.join("one.svg");
+    let o = torch_arena(&[
+        "fit",
+        "synth:rmm-random:200:4MiB",
+        "--no-progress",
+        "--plot",
+        one.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let svg = std::fs::read_to_string(&one).unwrap();
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    for s in [
+        "synth:rmm-random:200:4MiB (peak requested",
+        "arena (defaults): fits from",
+        "native (defaults): fits from",
+        "native (expandable_segments:True): fits from",
+        "device capacity (GiB)",
+    ] {
+        assert!(svg.contains(s), "lacks {s:?}");
+    }
+    // A file per trace.
+    let per = dir.join("{trace}.svg");
+    let o = torch_arena(&[
+        "fit",
+        "synth:rmm-random:100:2MiB:1",
+        "synth:rmm-random:100:2MiB:2",
+        "--no-progress",
+        "--plot",
+        per.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    for seed in [1, 2] {
+        let f = dir.join(format!("synth_rmm-random_100_2MiB_{seed}.svg"));
+        assert!(f.exists(), "{f:?} not written");
+    }
+    // Seven traces: the overview.
+    let many = dir.join("many.svg");
+    let traces: Vec<String> = (1..=7)
+        .map(|k| format!("synth:rmm-random:60:2MiB:{k}"))
+        .collect();
+    let mut args = vec!["fit", "--no-progress", "--plot", many.to_str().unwrap()];
+    args.extend(traces.iter().map(String::as_str));
+    let o = torch_arena(&args);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let svg = std::fs::read_to_string(&many).unwrap();
+    assert!(
+        svg.contains("over peak requested (7 traces)"),
+        "overview title"
+    );
+    // Not SVG: refused before any work.
+    let o = torch_arena(&["fit", "--plot", "out.png", "synth:rmm-random:100:2MiB"]);
+    assert_usage_error(&o, &["fit --plot: 'out.png' must end in .svg"]);
+}
+
 #[test]
 fn fit_usage_errors_name_what_was_wrong() {
     assert_usage_error(&torch_arena(&["fit"]), &["fit: no trace given"]);

@@ -20,12 +20,18 @@ struct FitSettings {
     json: bool,
     progress: bool,
     jobs: usize,
+    /// `--plot FILE.svg`: each allocator's last-step cost over capacities near the limit.
+    plot: Option<String>,
+    /// The plot draws curves (panels), not only the minimums (`fit_plot::draws_curves`).
+    curves: bool,
 }
 
 /// What `fit` found for one trace.
 struct TraceFit {
     info: TraceInfo,
     fits: Vec<Fit>,
+    /// With `--plot`: what the trace's panel shows.
+    plot: Option<fit_plot::TracePlot>,
 }
 
 /// The native settings compared when none is given.
@@ -38,7 +44,7 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
     // Bytes at the limit, as the GPU would finish everything at once unless told.
     replay.timing.gpu_lag_ns = 0;
     let mut native_confs = Vec::new();
-    let (mut json, mut jobs) = (false, None);
+    let (mut json, mut jobs, mut plot) = (false, None, None);
     let mut trace_texts = Vec::new();
     while let Some(item) = cur.next_item() {
         let (name, inline) = match item {
@@ -59,6 +65,11 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
             "--repeat" | "--gpu-lag" | "--driver-costs" => {
                 let v = cur.value(&name, inline)?;
                 replay.timing_option(&name, &v)?;
+            }
+            "--plot" => {
+                let v = cur.value(&name, inline)?;
+                fit_plot::check_plot_path(&v)?;
+                plot = Some(v);
             }
             "-j" | "--jobs" => {
                 let v = cur.value(&name, inline)?;
@@ -107,6 +118,10 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
         json,
         progress: progress.unwrap_or_else(stderr_is_terminal),
         jobs: jobs.unwrap_or(cores).min(traces.len()).max(1),
+        curves: plot
+            .as_deref()
+            .is_some_and(|p| fit_plot::draws_curves(p, traces.len())),
+        plot,
     };
     run_fits(&s, &traces)
 }
@@ -140,7 +155,9 @@ fn allocators(s: &FitSettings, trace: &Trace) -> Vec<Allocator> {
 /// Fit every trace on `s.jobs` workers; print each trace's result in the order given.
 fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
     let n = traces.len();
-    let per_trace = s.confs.len() + s.native_confs.len();
+    // With --plot, each allocator's curve is one more unit.
+    let per_trace = (s.confs.len() + s.native_confs.len()) * (1 + s.curves as usize);
+    let mut plots = Vec::new();
     let results: Mutex<Vec<Option<CliResult<TraceFit>>>> =
         Mutex::new((0..n).map(|_| None).collect());
     let next = Mutex::new(0usize);
@@ -183,6 +200,9 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
                 match ready {
                     Some(r) => {
                         bar.clear();
+                        if let Ok(TraceFit { plot: Some(p), .. }) = &r {
+                            plots.push(p.clone());
+                        }
                         match print_trace_fit(s, &traces[printed], r) {
                             Ok(f) => failed |= f,
                             Err(e) => {
@@ -208,24 +228,47 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
             *next.lock().unwrap_or_else(|p| p.into_inner()) = n;
         }
     });
-    match write_error {
-        Some(e) => Err(e),
-        None => Ok(if failed { 1 } else { 0 }),
+    if let Some(e) = write_error {
+        return Err(e);
     }
+    if let Some(path) = &s.plot {
+        fit_plot::write_plots(path, &plots)?;
+        if !s.json {
+            errln!("fit: wrote {path}");
+        }
+    }
+    Ok(if failed { 1 } else { 0 })
 }
 
 /// Load one trace and fit every allocator on it; one message on `tick` per allocator done.
 fn fit_trace(s: &FitSettings, arg: &TraceArg, tick: &mpsc::Sender<()>) -> CliResult<TraceFit> {
     let trace = arg.load()?;
     let mut fits = Vec::new();
-    for a in allocators(s, &trace) {
-        fits.push(fit_one(&s.timing, &trace, &a).map_err(|e| format!("{}: {e}", arg.name()))?);
+    let allocs = allocators(s, &trace);
+    for a in &allocs {
+        fits.push(fit_one(&s.timing, &trace, a).map_err(|e| format!("{}: {e}", arg.name()))?);
         let _ = tick.send(());
     }
-    Ok(TraceFit {
+    let mut t = TraceFit {
         info: trace_info(arg, &trace),
         fits,
-    })
+        plot: None,
+    };
+    if s.plot.is_some() {
+        let curves = fit_plot::curves(&s.timing, &trace, &allocs, &t.fits, s.curves)
+            .map_err(|e| format!("{}: --plot: {e}", arg.name()))?;
+        if s.curves {
+            for _ in &allocs {
+                let _ = tick.send(());
+            }
+        }
+        t.plot = Some(fit_plot::TracePlot {
+            name: t.info.name.clone(),
+            peak_requested: peak_requested(&t),
+            curves,
+        });
+    }
+    Ok(t)
 }
 
 /// The most bytes requested at once over every step, as the replays that fit saw it (the trace's
@@ -345,6 +388,8 @@ pub(crate) fn fit_default_settings(
         json: false,
         progress: false,
         jobs: 1,
+        plot: None,
+        curves: false,
     };
     allocators(&s, trace)
         .iter()

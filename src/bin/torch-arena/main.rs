@@ -71,6 +71,7 @@ mod args;
 mod convert;
 mod demo;
 mod fit;
+mod fit_plot;
 mod json;
 mod progress;
 mod replay;
@@ -225,6 +226,11 @@ fit options:
   --gpu-lag DURATION, --driver-costs FILE
                     as for replay, but the GPU lag defaults to 0
   -j, --jobs N      traces fitted at once (default: one per core)
+  --plot FILE.svg   per trace, the last step's modelled driver time on devices from the least
+                    minimum to 10 % past the largest (12 capacities, each allocator replayed
+                    at each), with a dashed line where each starts to fit; up to 6 traces stack
+                    in one image, more make an overview (each minimum over the bytes
+                    requested, a dot per allocator); {trace} in FILE writes one file per trace
   --json            one JSON object per trace: trace, path, source, kind, events,
                     peak_requested_bytes (over every step), repeat, gpu_lag_us,
                     best_native_bytes (the least of the native settings' minimums), and fit:
@@ -276,7 +282,7 @@ exit status:
 const REPLAY_SYNOPSIS: &str = "usage: torch-arena replay TRACE... [--capacity SIZE] [--conf CONF]... \
 [--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [--native] [--native-conf SETTINGS]... [--backing] [--check] [--live[=N]] [--json] [--plot FILE] [--progress | --no-progress]";
 const FIT_SYNOPSIS: &str = "usage: torch-arena fit TRACE... [--conf CONF]... [--native-conf SETTINGS]... \
-[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [-j N] [--json] [--progress | --no-progress]";
+[--repeat N] [--gpu-lag DURATION] [--driver-costs FILE] [-j N] [--json] [--plot FILE.svg] [--progress | --no-progress]";
 /// The options of `fit`, for "did you mean" hints.
 const FIT_OPTIONS: &[&str] = &[
     "--conf",
@@ -286,6 +292,7 @@ const FIT_OPTIONS: &[&str] = &[
     "--driver-costs",
     "--jobs",
     "--json",
+    "--plot",
     "--progress",
     "--no-progress",
     "--help",
