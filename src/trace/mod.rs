@@ -21,6 +21,7 @@ pub mod rmm;
 pub mod synth;
 pub mod torch_snapshot;
 pub mod training;
+pub mod workloads;
 
 mod import;
 pub use import::{load, load_with_warnings};

@@ -25,3 +25,4 @@ mod trace_replay;
 mod trace_sites;
 mod trace_snapshots;
 mod track;
+mod workloads;

@@ -201,12 +201,28 @@ pub(crate) fn parse_duration(what: &str, text: &str) -> CliResult<u64> {
 /// A synthetic trace, as `synth:KIND:...` or the `synth` command describes it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum SynthSpec {
-    Adversarial { capacity: u64 },
-    RmmRandom { n: u64, max: u64, seed: u64 },
+    Adversarial {
+        capacity: u64,
+    },
+    RmmRandom {
+        n: u64,
+        max: u64,
+        seed: u64,
+    },
+    /// A dynamic-shape workload (`torch_arena::trace::workloads`).
+    Workload {
+        kind: &'static str,
+        steps: u32,
+        seed: u64,
+    },
 }
 
-pub(crate) const SYNTH_FORMS: &str = "synth:adversarial:CAPACITY or synth:rmm-random:N:MAX[:SEED] \
-(e.g. synth:adversarial:16GiB, synth:rmm-random:10000:64MiB:7)";
+pub(crate) const SYNTH_FORMS: &str = "synth:adversarial:CAPACITY, synth:rmm-random:N:MAX[:SEED] \
+or synth:KIND[:STEPS[:SEED]] with KIND one of varlen-train, llm-serve, moe-train, \
+two-stream-train (e.g. synth:adversarial:16GiB, synth:rmm-random:10000:64MiB:7, \
+synth:llm-serve:4:1)";
+/// Steps of a workload unless told.
+const DEFAULT_WORKLOAD_STEPS: u32 = 3;
 
 impl SynthSpec {
     /// Parse `synth:adversarial:CAPACITY` or `synth:rmm-random:N:MAX[:SEED]`.
@@ -233,6 +249,32 @@ impl SynthSpec {
             ["synth", "adversarial" | "rmm-random", ..] => {
                 Err(err("wrong number of ':' fields".into()))
             }
+            ["synth", kind, rest @ ..] if tr::workloads::KINDS.contains(kind) => {
+                if rest.len() > 2 {
+                    return Err(err("wrong number of ':' fields".into()));
+                }
+                let kind = tr::workloads::KINDS
+                    .iter()
+                    .find(|k| *k == kind)
+                    .copied()
+                    .expect("checked above");
+                let steps = match rest.first() {
+                    Some(s) => parse_count("STEPS", s).map_err(err)?,
+                    None => u64::from(DEFAULT_WORKLOAD_STEPS),
+                };
+                if !(1..=1_000).contains(&steps) {
+                    return Err(err(format!("STEPS: {steps} must be from 1 to 1000")));
+                }
+                let seed = match rest.get(1) {
+                    Some(s) => parse_count("SEED", s).map_err(err)?,
+                    None => DEFAULT_SEED,
+                };
+                Ok(SynthSpec::Workload {
+                    kind,
+                    steps: steps as u32,
+                    seed,
+                })
+            }
             ["synth", kind, ..] => Err(err(format!("unknown synthetic trace '{kind}'"))),
             _ => Err(err("not a synthetic trace".into())),
         }
@@ -252,6 +294,9 @@ impl SynthSpec {
         match *self {
             SynthSpec::Adversarial { capacity } => lib_synth::adversarial(capacity),
             SynthSpec::RmmRandom { n, max, seed } => lib_synth::rmm_random(n as usize, max, seed),
+            SynthSpec::Workload { kind, steps, seed } => {
+                tr::workloads::build(kind, steps, seed).expect("a kind of KINDS")
+            }
         }
     }
 }

@@ -125,6 +125,12 @@ TRACE is a file or a synthetic trace:
   synth:rmm-random:N:MAX[:SEED]
                               RMM's random-allocations benchmark: N allocations of sizes uniform
                               in [1, MAX], 73 % of steps allocate (SEED default 1)
+  synth:KIND[:STEPS[:SEED]]   a dynamic-shape workload, STEPS steps (default 3; SEED default 1):
+                              varlen-train (GPT-2 small on variable-length batches),
+                              llm-serve (continuous batching, KV caches grown by torch.cat),
+                              moe-train (top-2 of 8 experts, imbalanced routing),
+                              two-stream-train (DDP buckets reduced on a second stream);
+                              models and sources in docs/synthetic-workloads.md
 
 replay options:
   --capacity SIZE   memory of the simulated GPU (default 80GiB)

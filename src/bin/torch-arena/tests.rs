@@ -72,7 +72,26 @@ fn synth_specs() {
             seed: 9
         })
     );
+    assert_eq!(
+        SynthSpec::parse("synth:llm-serve"),
+        Ok(SynthSpec::Workload {
+            kind: "llm-serve",
+            steps: 3,
+            seed: DEFAULT_SEED
+        })
+    );
+    assert_eq!(
+        SynthSpec::parse("synth:moe-train:2:9"),
+        Ok(SynthSpec::Workload {
+            kind: "moe-train",
+            steps: 2,
+            seed: 9
+        })
+    );
     for (bad, says) in [
+        ("synth:llm-serve:0", "STEPS: 0 must be from 1 to 1000"),
+        ("synth:varlen-train:1:2:3", "wrong number"),
+        ("synth:two-stream-train:x", "'x' is not a whole number"),
         ("synth:foo:1", "unknown synthetic trace 'foo'"),
         ("synth:adversarial", "wrong number"),
         ("synth:rmm-random:10:1MiB:1:2", "wrong number"),
