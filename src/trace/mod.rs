@@ -223,6 +223,20 @@ impl Window {
 }
 
 impl Trace {
+    /// A synthetic trace (`synth:`): fresh, device 0, nothing seeded, no native record.
+    pub fn synthetic(name: String, events: Vec<Event>, sites: Vec<String>) -> Trace {
+        Trace {
+            name,
+            source: Source::Synthetic,
+            kind: Kind::Fresh,
+            device: 0,
+            seeded: 0,
+            events,
+            sites,
+            native: None,
+        }
+    }
+
     /// Most requested bytes live at once, seeded live set included.
     pub fn peak_requested(&self) -> u64 {
         let (mut live, mut peak) = (0u64, 0u64);

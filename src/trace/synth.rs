@@ -1,7 +1,7 @@
 //! Synthetic traces: a workload built against the native allocator's segment rules, and RMM's
 //! random-allocation benchmark.
 
-use super::{Event, Kind, Op, Source, Trace};
+use super::{Event, Op, Trace};
 
 const MIB: u64 = 1 << 20;
 
@@ -43,16 +43,7 @@ impl Builder {
     }
 
     fn finish(self, name: String) -> Trace {
-        Trace {
-            name,
-            source: Source::Synthetic,
-            kind: Kind::Fresh,
-            device: 0,
-            seeded: 0,
-            events: self.events,
-            sites: vec!["unknown".to_string()],
-            native: None,
-        }
+        Trace::synthetic(name, self.events, vec!["unknown".to_string()])
     }
 }
 

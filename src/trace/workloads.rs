@@ -16,7 +16,7 @@
 //! fits each in a few seconds at most.
 
 use super::synth::SplitMix;
-use super::{Event, Kind, Op, Source, Trace};
+use super::{Event, Op, Trace};
 
 const F32: u64 = 4;
 const F16: u64 = 2;
@@ -106,16 +106,7 @@ impl B {
     }
 
     fn finish(self, name: String) -> Trace {
-        Trace {
-            name,
-            source: Source::Synthetic,
-            kind: Kind::Fresh,
-            device: 0,
-            seeded: 0,
-            events: self.events,
-            sites: self.sites,
-            native: None,
-        }
+        Trace::synthetic(name, self.events, self.sites)
     }
 }
 
