@@ -961,6 +961,12 @@ impl Arena {
         self.inner.lock().stats.reset_accumulated();
     }
 
+    /// Pages lent now: idle pages of a mapping a live block pins, mapped a second time where a
+    /// request at the limit needed them (`Inner::lend_idle`).
+    pub fn lent_pages(&self) -> u64 {
+        self.inner.lock().lent_pages
+    }
+
     pub fn extras(&self) -> ArenaExtras {
         self.inner.lock().extras()
     }
