@@ -30,25 +30,14 @@ impl Inner {
             ));
         }
         for (addr, region, len) in held {
-            let b = LargeBlock {
-                len,
-                region,
-                requested: 0,
-                stream: 0,
-                node: 0,
-                pending: false,
-            };
-            let (first, last) = self.pages_of(b.region, addr, b.len);
-            *users.entry((b.region, first)).or_default() += 1;
+            let (first, last) = self.pages_of(region, addr, len);
+            *users.entry((region, first)).or_default() += 1;
             if last != first {
-                *users.entry((b.region, last)).or_default() += 1;
+                *users.entry((region, last)).or_default() += 1;
             }
             for p in first + 1..last {
-                if !interior.insert((b.region, p)) {
-                    return Err(format!(
-                        "region {} page {p}: inside two live blocks",
-                        b.region
-                    ));
+                if !interior.insert((region, p)) {
+                    return Err(format!("region {region} page {p}: inside two live blocks"));
                 }
             }
         }

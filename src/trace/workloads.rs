@@ -207,14 +207,19 @@ fn gpt_step(
     }
     grads.push(b.alloc(params[1].1, "wpe.grad"));
     b.free(dx);
-    // AdamW: exp_avg and exp_avg_sq per parameter, made at the first step.
+    adamw_states(b, adam, params);
+    b.free_all(grads);
+}
+
+/// AdamW's exp_avg and exp_avg_sq per parameter, made at the first optimizer step (`adam`
+/// empty until then) and kept.
+fn adamw_states(b: &mut B, adam: &mut Vec<T>, params: &[T]) {
     if adam.is_empty() {
         for p in params {
             adam.push(b.alloc(p.1, "optimizer exp_avg"));
             adam.push(b.alloc(p.1, "optimizer exp_avg_sq"));
         }
     }
-    b.free_all(grads);
 }
 
 fn gpt_params(b: &mut B, layers: u64, d: u64, vocab: u64, ctx: u64) -> Vec<T> {
@@ -434,12 +439,7 @@ fn moe_train(steps: u32, seed: u64) -> Trace {
             b.free_all(layer);
         }
         b.free(dx);
-        if adam.is_empty() {
-            for p in &params {
-                adam.push(b.alloc(p.1, "optimizer exp_avg"));
-                adam.push(b.alloc(p.1, "optimizer exp_avg_sq"));
-            }
-        }
+        adamw_states(&mut b, &mut adam, &params);
         b.free_all(grads);
     }
     b.free_all(adam);
@@ -447,10 +447,12 @@ fn moe_train(steps: u32, seed: u64) -> Trace {
     b.finish(format!("moe-train-{steps}-{seed}"))
 }
 
-/// GPT-2 medium with DDP on two streams: compute on stream 0; as backward produces gradients,
-/// every 25 MiB of them (`bucket_cap_mb`'s default) fills a bucket, whose all-reduce runs on the
-/// communication stream (stream 1) with a 25 MiB buffer allocated and freed there while
-/// compute goes on. The buckets themselves are made at the first backward and kept. Batches are
+/// GPT-2 medium with DDP on two streams: each step's forward and backward run on stream 0;
+/// the gradients fill 25 MiB buckets (`bucket_cap_mb`'s default), made at the first backward
+/// and kept; after backward, each bucket's all-reduce takes a 25 MiB buffer on the
+/// communication stream (stream 1), allocated and freed there, interleaved with a temporary of
+/// the optimizer on stream 0. (DDP overlaps the reduction with backward; here it follows it, so
+/// the communication buffers meet the step's freed activations, not its live ones.) Batches are
 /// 4 to 8 sequences of 1,024 tokens (uniform), so activations change with the batch size.
 fn two_stream_train(steps: u32, seed: u64) -> Trace {
     const LAYERS: u64 = 24;

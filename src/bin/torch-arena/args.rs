@@ -301,6 +301,14 @@ impl SynthSpec {
     }
 }
 
+/// A `--native-conf` value (`replay`, `fit`), checked before any work: the settings as given,
+/// trimmed.
+pub(crate) fn native_conf_arg(text: &str) -> CliResult<String> {
+    NativeOptions::with_conf(0, &format!("--native-conf '{text}'"), text)
+        .map_err(|e| e.to_string())?;
+    Ok(text.trim().to_string())
+}
+
 /// A trace argument of `replay`.
 #[derive(Clone, Debug)]
 pub(crate) enum TraceArg {

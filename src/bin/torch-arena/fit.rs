@@ -56,12 +56,7 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
         };
         match name.as_str() {
             "--conf" => replay.add_conf(&cur.value(&name, inline)?)?,
-            "--native-conf" => {
-                let text = cur.value(&name, inline)?;
-                NativeOptions::with_conf(0, &format!("--native-conf '{text}'"), &text)
-                    .map_err(|e| e.to_string())?;
-                native_confs.push(text.trim().to_string());
-            }
+            "--native-conf" => native_confs.push(native_conf_arg(&cur.value(&name, inline)?)?),
             "--repeat" | "--gpu-lag" | "--driver-costs" => {
                 let v = cur.value(&name, inline)?;
                 replay.timing_option(&name, &v)?;

@@ -335,10 +335,7 @@ fn emulate(
     opts: &NativeOptions,
 ) -> CliResult<Emulated> {
     let start = Instant::now();
-    let what = match conf {
-        None => "native, emulated".to_string(),
-        Some(c) => format!("native {}", native_name(c)),
-    };
+    let what = emulation_label(conf.map(String::as_str));
     let mut bar = ProgressBar::new(s.progress, format!("{name} [{what}]"));
     let result = native::simulate_timed(trace, opts, &s.timing, &mut |d, t| bar.update(d, t))
         .map_err(|e| format!("{name}: the native emulation ({what}) failed: {e}"))?;
@@ -357,22 +354,19 @@ fn emulate(
     })
 }
 
-/// How a native setting is named in tables: `defaults` for "", else the settings as given.
-pub(crate) fn native_name(conf: &str) -> String {
-    match conf.trim() {
-        "" => "(defaults)".to_string(),
-        c => format!("({c})"),
+/// How an emulation is named: `native (emulated)` for `--native` (`conf` None), `native
+/// (SETTINGS)` for a `--native-conf` (`native (defaults)` for an empty one).
+fn emulation_label(conf: Option<&str>) -> String {
+    match conf {
+        None => "native (emulated)".to_string(),
+        Some(c) => format!("native ({})", conf_name(c)),
     }
 }
 
 impl Emulated {
-    /// Its row label: `native (emulated)` for `--native`, `native (SETTINGS)` for a
-    /// `--native-conf`.
+    /// Its row label in tables, legends and out-of-memory lines ([`emulation_label`]).
     pub(crate) fn label(&self) -> String {
-        match &self.conf {
-            None => "native (emulated)".to_string(),
-            Some(c) => format!("native {}", native_name(c)),
-        }
+        emulation_label(self.conf.as_deref())
     }
 }
 
@@ -647,12 +641,9 @@ pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
         match name.as_str() {
             "--capacity" => s.capacity = parse_capacity(&cur.value(&name, inline)?)?,
             "--conf" => s.add_conf(&cur.value(&name, inline)?)?,
-            "--native-conf" => {
-                let text = cur.value(&name, inline)?;
-                NativeOptions::with_conf(0, &format!("--native-conf '{text}'"), &text)
-                    .map_err(|e| e.to_string())?;
-                s.native_confs.push(text.trim().to_string());
-            }
+            "--native-conf" => s
+                .native_confs
+                .push(native_conf_arg(&cur.value(&name, inline)?)?),
             "--plot" => s.plot = Some(cur.value(&name, inline)?),
             "--repeat" | "--gpu-lag" | "--driver-costs" => {
                 let v = cur.value(&name, inline)?;
