@@ -214,7 +214,7 @@ impl Mix {
 }
 
 /// SplitMix64, the library's (the synthetic traces draw from the same generator).
-use torch_arena::trace::synth::SplitMix;
+use torch_arena_lab::synth::SplitMix;
 
 // ----- allocators under test --------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
 use crate::config::{Config, DeviceKind};
 use crate::device::{DevPtr, Device, DeviceError, StreamId, cuda::CudaDevice, sim::SimDevice};
 use crate::error::{Error, PointerFault, Result};
+use crate::record::Recorder;
 use crate::resource::{Recorded, Request, Resource, Tracked};
 use crate::stats::DeviceStats;
-use crate::trace::format::Recorder;
 use crate::track::Tracker;
 
 pub use crate::device::MAX_DEVICES;
@@ -127,7 +127,7 @@ impl TorchArena {
     /// Before `fork()` (`crate::fork`): takes every lock of this allocator in the lock order:
     /// the trace recorder, each open arena (and its device), the tracker.
     pub fn fork_prepare(&self) {
-        crate::trace::format::fork_prepare(self.recorder.as_ref());
+        crate::record::fork_prepare(self.recorder.as_ref());
         for a in self.arenas.iter().filter_map(OnceCell::get) {
             a.fork_prepare();
         }
@@ -147,7 +147,7 @@ impl TorchArena {
             for a in self.arenas.iter().filter_map(OnceCell::get) {
                 a.fork_release(child);
             }
-            crate::trace::format::fork_release(self.recorder.as_ref(), child);
+            crate::record::fork_release(self.recorder.as_ref(), child);
         }
     }
 

@@ -12,7 +12,7 @@
 use crate::arena::{Arena, Block, PoolId};
 use crate::device::{DevPtr, StreamId};
 use crate::error::{Error, PointerFault, Result};
-use crate::trace::format::Recorder;
+use crate::record::Recorder;
 use crate::track::Tracker;
 
 /// One allocation request, as it goes down the stack.

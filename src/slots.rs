@@ -3,7 +3,7 @@
 
 /// Puts `item` at the index most recently added to `free` (taking it off the list), or at the end
 /// of `items` when none is free; returns its index.
-pub(crate) fn reuse_or_push<T>(items: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
+pub fn reuse_or_push<T>(items: &mut Vec<T>, free: &mut Vec<u32>, item: T) -> u32 {
     match free.pop() {
         Some(i) => {
             items[i as usize] = item;

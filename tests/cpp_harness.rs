@@ -3,26 +3,14 @@
 //! it (raw function pointers, several threads, OOM caught as a C++ `std::exception`).
 //! Each scenario runs in its own process, over a simulated device.
 
+#[path = "common/cdylib.rs"]
+mod cdylib;
+
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>/libtorch_arena.so`: this test runs from `target/<profile>/deps/`, and cargo
-/// builds the cdylib before integration tests.
-fn cdylib() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("the test executable has a folder");
-    let candidates = [
-        deps.parent().map(|p| p.join("libtorch_arena.so")),
-        Some(deps.join("libtorch_arena.so")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("libtorch_arena.so not found next to {}", deps.display()))
-}
+use cdylib::cdylib;
 
 struct Run {
     code: Option<i32>,

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use torch_arena::trace::replay::{ReplayOptions, replay};
-use torch_arena::trace::{self, Op, Source, Trace, format, pickle, synth};
+use torch_arena_lab::replay::{ReplayOptions, replay};
+use torch_arena_lab::{self as trace, Op, Source, Trace, format, pickle, synth};
 
 const GIB: u64 = 1 << 30;
 

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::device::costs::DriverCosts;
-use crate::trace::native;
+use crate::sizing as native;
 
 /// The modelled driver time of the arena's growth so far, beside what PyTorch's allocator would
 /// have spent growing for the same requests, both priced at the lab's default latencies
@@ -14,11 +14,11 @@ use crate::trace::native;
 /// call), so while its growth has cost more than native's would have, the arena grows ahead in
 /// fewer, larger handles; once it costs less, it grows by what is asked and keeps the bytes.
 ///
-/// Native's side is an estimate from the requests the arena grew for, with the segment sizes of
-/// the native emulation (`trace::native::allocation_size`): a request of 10 MiB or more
-/// (PyTorch's `kMinLargeAlloc`) is one cudaMalloc of its size rounded to 2 MiB; smaller requests
-/// share PyTorch's segments (20 MiB for 1–10 MiB, 2 MiB for small ones), so they count the bytes
-/// created for them at the price per byte of such a segment. A request the arena
+/// Native's side is an estimate from the requests the arena grew for, with PyTorch's segment
+/// sizes (`sizing::allocation_size`, which the lab's emulation uses too): a request of 10 MiB or
+/// more (PyTorch's `kMinLargeAlloc`) is one cudaMalloc of its size rounded to 2 MiB; smaller
+/// requests share PyTorch's segments (20 MiB for 1–10 MiB, 2 MiB for small ones), so they count
+/// the bytes created for them at the price per byte of such a segment. A request the arena
 /// serves with no new memory counts nothing on either side, though native might have grown
 /// there: the estimate errs towards growing ahead. All of it is counted where memory is created,
 /// off the path of a request that creates none.

@@ -750,7 +750,7 @@ fn a_climb_to_the_limit_fits_as_many_blocks_with_growth_ahead() {
 #[test]
 fn the_modelled_training_loop_grows_after_warm_up_only_for_a_new_peak() {
     use torch_arena::TorchArena;
-    use torch_arena::trace::training::TrainingLoop;
+    use torch_arena_lab::training::TrainingLoop;
     let arena = TorchArena::new(Config::parse("device:sim").unwrap());
     let mut workload = TrainingLoop::new(&arena).unwrap();
     let mut grew = Vec::new();
@@ -1255,7 +1255,7 @@ fn a_refused_second_mapping_turns_lending_off() {
 /// the property tests' only one that does).
 #[test]
 fn random_layouts_at_the_limit_lend_and_keep_every_block() {
-    use torch_arena::trace::synth::SplitMix;
+    use torch_arena_lab::synth::SplitMix;
     let mut lent_in = 0;
     for seed in 0..100u64 {
         let mut rng = SplitMix(seed);

@@ -3,9 +3,9 @@
 
 use crate::trace_replay::{S, trace};
 use torch_arena::config::Config;
-use torch_arena::trace::fit::{self, Allocator, STEP};
-use torch_arena::trace::native::NativeOptions;
-use torch_arena::trace::replay::Timing;
+use torch_arena_lab::fit::{self, Allocator, STEP};
+use torch_arena_lab::native::NativeOptions;
+use torch_arena_lab::replay::Timing;
 
 const MIB: u64 = 1 << 20;
 

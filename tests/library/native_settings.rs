@@ -3,7 +3,7 @@
 //! comments from PyTorch's code (`c10/core/AllocatorConfig.cpp`, `CUDACachingAllocator.cpp`).
 
 use crate::trace_replay::{S, trace};
-use torch_arena::trace::native::{self, NativeOptions};
+use torch_arena_lab::native::{self, NativeOptions};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;

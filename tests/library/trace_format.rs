@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use torch_arena::allocator::TorchArena;
 use torch_arena::config::Config;
-use torch_arena::trace::format::{self, Recorder};
-use torch_arena::trace::{Event, Kind, NativeReserved, Op, Source, Trace, synth};
+use torch_arena::record::Recorder;
+use torch_arena_lab::format;
+use torch_arena_lab::{Event, Kind, NativeReserved, Op, Source, Trace, synth};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("torch-arena-trace-format-{}", std::process::id()));
@@ -243,7 +244,7 @@ fn a_cut_off_recording_reads_its_complete_lines_and_warns() {
 }
 
 fn trace_load(p: &std::path::Path) -> Trace {
-    torch_arena::trace::load(p).unwrap()
+    torch_arena_lab::load(p).unwrap()
 }
 
 #[test]

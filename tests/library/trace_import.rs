@@ -11,8 +11,8 @@ use std::time::Instant;
 use crate::snapshots;
 use snapshots::traces_dir;
 
-use torch_arena::trace::pickle;
-use torch_arena::trace::{self, Kind, Op, Source, Trace, rmm, torch_snapshot};
+use torch_arena_lab::pickle;
+use torch_arena_lab::{self as trace, Kind, Op, Source, Trace, rmm, torch_snapshot};
 
 const MIB: f64 = (1u64 << 20) as f64;
 

@@ -2,9 +2,9 @@
 
 use crate::snapshots;
 use torch_arena::config::Config;
-use torch_arena::trace::native::{self, NativeOptions, allocation_size, round_size};
-use torch_arena::trace::replay::{ReplayOptions, replay};
-use torch_arena::trace::{Event, Kind, NativeReserved, Op, Source, Trace, synth};
+use torch_arena_lab::native::{self, NativeOptions, allocation_size, round_size};
+use torch_arena_lab::replay::{ReplayOptions, replay};
+use torch_arena_lab::{Event, Kind, NativeReserved, Op, Source, Trace, synth};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -542,7 +542,7 @@ fn native_emulation_matches_fresh_snapshots() {
         if !line.contains(",\"fresh") && !line.contains(",fresh") {
             continue;
         }
-        let t = torch_arena::trace::load(&dir.join(file)).expect(file);
+        let t = torch_arena_lab::load(&dir.join(file)).expect(file);
         let recorded = t
             .native
             .as_ref()
@@ -573,7 +573,7 @@ fn native_settings_come_from_the_snapshot() {
         if !name.starts_with("bolongcheng__") {
             continue;
         }
-        let t = torch_arena::trace::load(&f).expect(&name);
+        let t = torch_arena_lab::load(&f).expect(&name);
         let n = t.native.as_ref().expect("snapshots record native reserved");
         assert!(
             n.expandable_segments,
@@ -617,7 +617,7 @@ use torch_arena::arena::Arena;
 use torch_arena::device::costs::DriverCosts;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, DriverCounters};
-use torch_arena::trace::replay::{ArenaPolicy, Timing, run};
+use torch_arena_lab::replay::{ArenaPolicy, Timing, run};
 
 fn timed(capacity: u64, repeat: u32, lag_ns: u64) -> ReplayOptions {
     ReplayOptions {
@@ -822,7 +822,7 @@ fn zero_lag_is_the_plain_replay_on_every_real_trace() {
     let mut checked = 0;
     for f in snapshots::indexed_files(&dir) {
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        let t = torch_arena::trace::load(&f).expect(&name);
+        let t = torch_arena_lab::load(&f).expect(&name);
         let capacity = 80 * GIB;
         let o = ReplayOptions {
             series_points: 0,
@@ -931,7 +931,7 @@ fn bench_trace(name: &str) -> Trace {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("bench/traces")
         .join(name);
-    torch_arena::trace::load(&path).unwrap()
+    torch_arena_lab::load(&path).unwrap()
 }
 
 /// The events of a recording of the steps workload where its 40 training steps start: each

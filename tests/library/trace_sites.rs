@@ -6,7 +6,7 @@
 
 use crate::snapshots;
 
-use torch_arena::trace::live::{At, live_at};
+use torch_arena_lab::live::{At, live_at};
 
 #[test]
 fn snapshot_sites_are_python_frames_not_the_unwinder() {
@@ -18,7 +18,7 @@ fn snapshot_sites_are_python_frames_not_the_unwinder() {
         {
             continue; // small snapshots only: enough to see the frames, cheap on 2 cores
         }
-        let Ok(t) = torch_arena::trace::load(&path) else {
+        let Ok(t) = torch_arena_lab::load(&path) else {
             continue;
         };
         let named: Vec<&String> = t.sites.iter().skip(1).collect();

@@ -8,7 +8,7 @@ use crate::snapshots;
 use std::time::Instant;
 
 use torch_arena::Config;
-use torch_arena::trace::{self, replay};
+use torch_arena_lab::{self as trace, replay};
 
 const GIB: u64 = 1 << 30;
 /// Consistency walks are O(live blocks); every 256th event keeps the debug build quick.

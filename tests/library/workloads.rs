@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
-use torch_arena::trace::native::{NativeOptions, simulate};
-use torch_arena::trace::replay::{ReplayOptions, replay};
-use torch_arena::trace::workloads::{KINDS, build};
-use torch_arena::trace::{Op, Trace};
+use torch_arena_lab::native::{NativeOptions, simulate};
+use torch_arena_lab::replay::{ReplayOptions, replay};
+use torch_arena_lab::workloads::{KINDS, build};
+use torch_arena_lab::{Op, Trace};
 
 const MIB: u64 = 1 << 20;
 
