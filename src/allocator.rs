@@ -360,7 +360,7 @@ impl TorchArena {
     }
 
     /// The segments and blocks of `device` (empty when it was never opened).
-    pub fn layout(&self, device: i32) -> Result<crate::arena::Layout> {
+    pub fn layout(&self, device: i32) -> Result<crate::arena::layout::Layout> {
         Ok(self
             .slot(device)?
             .get()

@@ -14,6 +14,10 @@ use parking_lot::Mutex;
 use crate::device::{DevPtr, StreamId};
 use crate::error::{Error, Result};
 
+/// The target of the recorder's log records, kept from before this code moved to this file: the
+/// Python package hands it on as `record.target`, so it is part of the interface.
+const LOG_TARGET: &str = "torch_arena::trace::format";
+
 /// The first word of every file.
 pub const MAGIC: &str = "torch-arena-trace";
 /// The newest version this build reads and the one it writes.
@@ -53,7 +57,8 @@ impl RecState {
     /// Stops recording after a write error, saying so once.
     fn stop(&mut self, e: io::Error) {
         tracing::warn!(
-            "trace recording to {} stopped: {e}; allocations go on, unrecorded",
+                target: LOG_TARGET,
+                "trace recording to {} stopped: {e}; allocations go on, unrecorded",
             self.path.display()
         );
         if let Some(out) = self.out.take() {

@@ -1,6 +1,6 @@
 //! Configuration, the last error and the version.
 
-use super::*;
+use super::shared::*;
 
 // ---------------------------------------------------------------------------------------------
 // Configuration and errors.

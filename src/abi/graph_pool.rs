@@ -1,6 +1,6 @@
 //! The CUDA graph pool hooks (private pools).
 
-use super::*;
+use super::shared::*;
 
 // Private pools (CUDA graph capture). PyTorch's three pool hooks are C++ functions in the shim
 // (cpp_shim/shim.cpp): begin takes a std::function the shim keeps and evaluates on every

@@ -1,6 +1,6 @@
 //! PyTorch's optional hooks: init, empty_cache, memory fraction, record_stream, base alloc.
 
-use super::*;
+use super::shared::*;
 
 // ---------------------------------------------------------------------------------------------
 // PyTorch's optional hooks.

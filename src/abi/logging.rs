@@ -1,6 +1,6 @@
 //! Logging exports (see `crate::log`).
 
-use super::*;
+use super::shared::*;
 
 // Logging (see `crate::log`).
 

@@ -1,6 +1,7 @@
 //! malloc / free, called by the C++ shim (`torch_arena_try_malloc*`, `torch_arena_try_free`).
 
-use super::*;
+use super::oom::observe_oom;
+use super::shared::*;
 
 // malloc / free, called by the C++ shim.
 

@@ -1,6 +1,6 @@
 //! The out-of-memory observer: set by the Python package, called before an OOM is returned.
 
-use super::*;
+use super::shared::*;
 
 // ---------------------------------------------------------------------------------------------
 // The out-of-memory observer.

@@ -1,29 +1,10 @@
 //! Statistics, the summary text and reclaim reports.
 
-use super::*;
+use super::shared::*;
 
 // Queries for the Python package.
 
-/// Stat key names, in the order of [`stats_flatten`], as static C strings.
-static STAT_KEYS: Lazy<Vec<CString>> = Lazy::new(|| {
-    stats_key_names()
-        .into_iter()
-        .map(|k| CString::new(k).expect("stat keys contain no NUL"))
-        .collect()
-});
-
-/// Builds [`STAT_KEYS`] (and the key table under it) if no call has yet, or waits for the thread
-/// building it: before a fork (`fork_prepare`).
-pub(super) fn force_statics() {
-    Lazy::force(&STAT_KEYS);
-}
-
-/// The stat key list (sorted, as `torch.cuda.memory_stats()` orders it).
-fn stats_key_names() -> Vec<String> {
-    crate::stats::keys::key_names()
-}
-
-/// `(key, value)` pairs of `stats`, in [`stats_key_names`] order.
+/// `(key, value)` pairs of `stats`, in `STAT_KEYS` order (sorted, as `torch.cuda.memory_stats()` orders them).
 fn stats_flatten(stats: &DeviceStats) -> Vec<(String, i64)> {
     crate::stats::keys::flatten(stats)
 }

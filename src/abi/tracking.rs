@@ -1,6 +1,6 @@
 //! Tracking exports: steps, tags, sites, live/leak/layout/history JSON.
 
-use super::*;
+use super::shared::*;
 
 // ---------------------------------------------------------------------------------------------
 // Tracking: steps, tags, sites and the JSON reports (see `crate::track`).
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn torch_arena_layout_json(
     unsafe {
         json_out("torch_arena_layout_json", device, buf, cap, |i| {
             let layout = i.layout(device)?;
-            Ok(crate::arena::layout_json(device, &layout))
+            Ok(crate::arena::layout::layout_json(device, &layout))
         })
     }
 }

@@ -13,7 +13,7 @@
 //! neighbours (they would have been merged); `by_size` holds exactly the free nodes. Every
 //! operation is O(1) apart from `by_size` (O(log n) at worst: [`SizeIndex`]).
 
-use super::IntMap;
+use super::int_map::IntMap;
 use super::size_index::SizeIndex;
 
 /// No node (the end of a region's list).

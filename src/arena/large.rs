@@ -1,7 +1,12 @@
 //! The large pool: 512-byte-granular blocks of a stream's address heap, placed among the best
 //! fits by size where the fewest pages need mapping.
 
+use super::growth::*;
 use super::*;
+
+/// Free blocks a large request weighs: the best fits by size, of which it takes the one needing
+/// the fewest newly mapped pages (a map costs tens of microseconds; reading a page slot does not).
+pub(super) const PLACEMENT_CANDIDATES: usize = 8;
 
 /// How much longer than a medium block a free range must be for the block to take its end
 /// (`place_large`). Measured on the shared traces, the recording of the GPU suite's steps

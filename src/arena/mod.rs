@@ -46,13 +46,20 @@
 //!    where it was lent from (a placeholder holds it there).
 
 mod accounting;
+mod api;
+mod capture;
 mod check;
 mod free;
 mod growth;
+mod growth_cost;
+mod handles;
 mod heap;
+mod idle;
+mod int_map;
 mod ladder;
 mod large;
-mod layout;
+pub mod layout;
+mod page_table;
 mod pages;
 mod pool;
 mod size_class;
@@ -63,12 +70,10 @@ mod streams;
 
 pub use crate::stats::report::*;
 pub use crate::stats::summary::format_size;
-pub use layout::{BlockState, Layout, LayoutBlock, LayoutSegment, layout_json};
 pub use pool::{PoolId, PoolInfo};
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,152 +87,16 @@ use crate::error::{Error, PointerFault, Result};
 use crate::ptr_table::{PtrTable, Vacant};
 use crate::stats::{DeviceStats, Pool};
 use heap::{Fit, Heap};
+use int_map::IntMap;
+use page_table::{Lend, PageRef, PageSlot, Region, Run, Split};
 use slab::Slab;
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
 const BUCKETS: usize = 8;
-/// Free blocks a large request weighs: the best fits by size, of which it takes the one needing
-/// the fewest newly mapped pages (a map costs tens of microseconds; reading a page slot does not).
-const PLACEMENT_CANDIDATES: usize = 8;
-/// Size of the plain (non-VMM) segments that medium requests are packed into, as PyTorch does.
-const PLAIN_MEDIUM_SEGMENT: u64 = 20 << 20;
 /// Virtual bytes reserved per VMM region (larger requests get a region of their own). Each region
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
-/// Blocks under `MEDIUM_BYTES` (PyTorch's `kLargeBuffer`, the 20 MiB segment it packs 1–10 MiB
-/// requests into) grow the arena in steps: where the addresses after a medium block's last new
-/// run are free, the handle created for it also covers up to `GROWTH_BYTES` in all, so that the
-/// next medium blocks placed there need no create. A step is at most 1/`GROWTH_SHARE` of the
-/// pages created in steps so far, so that a workload that grows by few medium blocks (whatever
-/// its large blocks) is not rounded up, and one that grows by many soon gets whole steps; what a
-/// step leaves unused at the peak is at most one step. Handles created with spare pages hold at
-/// most 1/`SPARE_LIMIT_SHARE` of the limit in all: such a handle may come to serve several blocks
-/// and cannot move while any of them lives, and memory must stay free to move (the adversarial
-/// trace runs out of memory when a quarter of the limit is in shared handles).
-///
-/// Whatever the ramp allows, the step of a block under `FLOOR_BELOW_BYTES` (PyTorch's
-/// `kMinLargeAlloc`: it packs those into 20 MiB segments, and gives larger ones their size)
-/// covers at least `GROWTH_FLOOR_BYTES`, block and spare together, within the same budget: a
-/// workload that holds little would otherwise grow by the page where PyTorch's first segment
-/// serves all its medium requests. 16 MiB was measured against 12, 14, 18 and 20 MiB on the
-/// shared traces (BENCHMARKS.md, "Growth steps, measured").
-const MEDIUM_BYTES: u64 = 20 << 20;
-const GROWTH_BYTES: u64 = 64 << 20;
-const GROWTH_FLOOR_BYTES: u64 = 16 << 20;
-const FLOOR_BELOW_BYTES: u64 = 10 << 20;
-const GROWTH_SHARE: u64 = 12;
-const SPARE_LIMIT_SHARE: u64 = 8;
-/// The small pool grows by up to this many pages at a time, within the same budget (a slab page
-/// is shared by slabs of every class, so the next slabs soon need the next pages; one create for
-/// four pages instead of four), and by at most 1/`SMALL_GROWTH_SHARE` of what is reserved (whole
-/// steps once 2 GiB of 2 MiB pages is held): what a step leaves unused is then a small share of
-/// what is held, and a workload that holds little grows by the page, as PyTorch's 2 MiB small
-/// segments do. It steps only while the workload climbs (the request takes the bytes requested
-/// to a new peak) or while the arena's growth costs more than native's would, as a large block
-/// grows ahead (`Inner::small_step`): below the peak the small pool grows by the page, for the
-/// step's unused pages would stay unused at the peak (five traces held 2 to 4 MiB over native's
-/// peak so, two of which this keeps under it; BENCHMARKS.md, "Variants at 965c407").
-const SMALL_GROWTH_PAGES: u32 = 4;
-const SMALL_GROWTH_SHARE: u64 = 256;
-/// The current slab of a class stays when its last slot is freed, ready for the class's next
-/// request, unless it spans this much or more: classes of large slots (from 128 KiB) have slabs
-/// of 1 to 3 MiB, and kept empty they hold long stretches of the small pool that slabs of other
-/// classes then cannot use (from 2 MiB, a page, they dissolved before). The GPU suite's steps
-/// workload grew the small pool in its 25th step so (on the H200, 2026-11-27), holding 16 MiB
-/// with under 6 MiB allocated; at 2 MiB (a page, as before) the lab makes the same growth from
-/// the run's recording, at 1 MiB none, and no shared trace's counts move (BENCHMARKS.md, "Nearby
-/// orders").
-const DISSOLVE_EMPTY_SPAN: u64 = 1 << 20;
-/// A large block (from [`MEDIUM_BYTES`]) that needs new pages although a block of its length
-/// needed them before, at least `DRIFT_AFTER_REQUESTS` requests ago and at a lower address, and
-/// is gone from there, has *drifted*: the blocks before it took some of its old place, as they
-/// do when blocks live across steps, so that each step starts from different free ranges. In a
-/// workload whose shapes recur the drift goes on, by less each time, and each time the block
-/// needs pages past those mapped before (the GPU suite's steps workload grew so in the fifth
-/// pass of its cycle of shapes, on an H200 too). So the handle created for a drifted block also
-/// covers up to 1/`DRIFT_SPARE_SHARE` of the block's length in free pages after it, within the
-/// budget of handles with spare pages, and the next shifts land on mapped pages. A block that
-/// grows again soon after its length did is taken for a run of blocks, as a model being built
-/// or layers' outputs, and gets no spare. Measured at 1/2, 1/4, 1/8 and 1/16 and after 0, 2,000,
-/// 5,000, 10,000 and 20,000 requests (BENCHMARKS.md, "Drift"): 1/8 is the least spare that
-/// serves the steps workload's drift, and from 5,000 to 10,000 requests no shared trace crosses
-/// a target.
-const DRIFT_AFTER_REQUESTS: u64 = 5_000;
-const DRIFT_SPARE_SHARE: u64 = 8;
-/// A large block that needs new pages while the bytes requested stay under their peak so far
-/// (it does not take them to a new one) grows the arena because of where blocks lie, not because
-/// more is asked: blocks that live across steps land in different places from one step to the
-/// next, so each step starts from different free ranges, and the highest block of a step lands
-/// a little higher in one step than in another. Such growth comes back, a little further each
-/// time. So its handle also covers up to 1/`LAYOUT_SPARE_SHARE` of the block's length in free
-/// pages after it, as long as the bytes reserved stay within 1/`LAYOUT_HEADROOM_SHARE` of the peak
-/// requested: the 5 % fragmentation the issue's targets allow (PyTorch's allocator ran at 5.6 %
-/// over the GPU suite's steps workload). Measured on perturbed orders of the GPU recordings at
-/// 1/1, 1/2 and 1/4 of the length and 1/16, 1/20 and 1/24 of the peak (BENCHMARKS.md, "Nearby
-/// orders"): 1/2 and 1/20 take the runs of one shape that grow after warm-up from 34 and 35 of
-/// 40 to 12 and 6, with no shared trace crossing a target; the whole length costs two traces
-/// their peak, and 1/16 two their fragmentation.
-const LAYOUT_SPARE_SHARE: u64 = 2;
-const LAYOUT_HEADROOM_SHARE: u64 = 20;
-/// A large block that needs new pages for a new peak of the bytes requested, while the arena's
-/// growth so far has cost more modelled driver time than PyTorch's allocator would have spent on
-/// the same requests (`accounting::GrowthTime`), and whose own handle would cost more than a
-/// cudaMalloc of it (under about 360 MiB at the H200's prices), *grows ahead*: its handle also
-/// covers up to `AHEAD_BYTES` of free pages after it, and at most 1/`AHEAD_SHARE` of what is
-/// reserved, for the next blocks of the climb. A climb to the peak (activations kept for
-/// backward, a forward pass's outputs) then takes fewer, larger handles; what the last step
-/// leaves unused at the peak is at most one spare, a share of what is held; and once the growth
-/// costs less than native's, the arena grows by what is asked again and keeps the bytes.
-/// Measured at 16 to 128 MiB and 1/32 to 1/256, with and without the share, and with blocks up
-/// to 128 MiB, 360 MiB and any length (BENCHMARKS.md, "Growing ahead"): of the variants that
-/// cost at most one shared trace its peak, 48 MiB and 1/128 put the most traces within every
-/// target of the driver-call issue (81 of 142); a fixed 32 MiB puts 89 there but costs two
-/// more their peak (Yiyi-philosophy `1.3b`, a second bolongcheng).
-const AHEAD_BYTES: u64 = 48 << 20;
-const AHEAD_SHARE: u64 = 128;
-/// Lengths remembered for drift (`Inner::grown_lengths`): a bound on host memory (24 bytes each
-/// and the table's overhead) whatever the number of distinct lengths a workload grows by.
-const GROWN_LENGTHS_KEPT: usize = 4_096;
-/// A physical handle created for large blocks holds at most 1/`HEADROOM_SHARE` of what the limit
-/// leaves (`Inner::back_run`).
-const HEADROOM_SHARE: u64 = 8;
-/// A handle is *large* when it holds at least 1/`LARGE_HANDLE_SHARE` of the limit (2.5 GiB of
-/// 80 GiB). A handle moves only whole, so one page of it in use keeps all of it where it is:
-/// - a block that starts or ends inside a page it would share with a neighbour, and whose
-///   handle would be large, gets that page as a handle of its own (`Inner::acquire`), so that
-///   the neighbour holds one page, not the block's whole handle, once the block is freed;
-/// - while the limit leaves room for a block, it is not placed on part of an idle large handle
-///   when that would leave more of the handle unusable than the block uses, if another fit
-///   exists (`Inner::place_large`, `Inner::place_medium`): it grows instead, and the handle
-///   stays whole for a block of its size.
-///
-/// Without these, sungdk0822 `dmodel128_seqlen16384` (8 GiB blocks with 64 MiB ones between
-/// them) ran out of memory on a 52 GiB device with 48.6 GiB requested, 7.9 GiB held unused in
-/// handles its neighbours pinned; with them it fits in 48.7 GiB, and at 80 GiB it reserves that
-/// instead of 56.5 GiB. Measured at 1/16, 1/32, 1/64 and 1/128 of the limit (BENCHMARKS.md,
-/// "Large handles near the limit"): 1/16 and 1/32 move the same trace and no other; at 1/64
-/// and 1/128 one more (`xl_fwd_cl2048` float32) reserves 120 MiB more, over native's peak.
-const LARGE_HANDLE_SHARE: u64 = 32;
-
-/// Pages of a large handle under `limit` ([`LARGE_HANDLE_SHARE`]), at least 2.
-fn large_pages(limit: u64, page: u64) -> u32 {
-    (limit / page / LARGE_HANDLE_SHARE).clamp(2, u32::MAX as u64) as u32
-}
-/// Streams kept without question. Past this many, a new stream first retires streams that hold
-/// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
-/// to the pool, their reservations and page tables are given back).
-const STREAMS_KEPT: usize = 16;
-const STREAM_IDLE_REQUESTS: u64 = 256;
-/// Driver events kept for reuse (stream fences, pending frees' events); past this many, an event
-/// given back is destroyed. A retired stream gives its fence back, so without a bound (or without
-/// reuse) every short-lived stream would leave an event in the driver (issue 37, item 3).
-const SPARE_EVENTS_KEPT: usize = 64;
-/// Idle handles passed over per stream when looking for one small enough to stitch (a bound on
-/// the work of one miss; the list is oldest first, so the search stops at the first the GPU may
-/// still use anyway).
-const IDLE_SCAN: u32 = 64;
-
 /// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
 /// cache misses.
 pub struct Arena {
@@ -272,155 +141,6 @@ impl Vacant for LargeBlock {
     }
     fn next_vacant(&self) -> u32 {
         self.node
-    }
-}
-
-/// One reservation of virtual addresses (or, without VMM, one plain segment), owned by one stream.
-#[derive(Debug)]
-struct Region {
-    base: u64,
-    len: u64,
-    stream: u32,
-    pool: Pool,
-    /// A plain cuMemAlloc segment: always backed, released only whole.
-    plain: bool,
-    pages: Vec<PageSlot>,
-    /// Small pool only: the slab holding each 64 KiB chunk (`NO_SLAB` for none), indexed by
-    /// `(addr - base) / CHUNK`. Grown lazily to the highest chunk a slab has used, so it costs
-    /// 4 bytes per 64 KiB of the small pool's address high-water mark (64 B per 2 MiB page).
-    chunks: Vec<u32>,
-    /// Pages with at least one user.
-    in_use: u32,
-    /// False once released (plain segments given back); its index stays reserved.
-    live: bool,
-}
-
-/// One page of a region's address space. Physical memory comes in *handles* of one or more
-/// pages (one cuMemCreate each), mapped at consecutive pages whole or in pieces (cuMemMap maps
-/// any page-aligned piece of a handle, and cuMemUnmap takes whole mappings). A *mapping* (one
-/// [`Run`]) is the unit that goes idle, moves and is unmapped: every page of it names its
-/// handle, with its index in the mapping, and the mapping's first page (its *head*) holds what
-/// concerns it as a whole — its length, where it starts in its handle, how many of its pages
-/// are in use, and its place on the idle list. A piece is mapped twice only while it is lent
-/// ([`Lend`]); a page table never shows the same physical page twice otherwise.
-///
-/// 64 bytes, aligned to 64: a visit to a page reads one cache line. Page tables run to tens of
-/// millions of slots with a million blocks live, and a malloc+free pair visits a block's two
-/// boundary pages and its handles' heads in slots nowhere near each other, so at 72 bytes each
-/// visit read two lines (a test holds the size).
-#[derive(Clone, Copy, Debug)]
-#[repr(align(64))]
-struct PageSlot {
-    /// The physical handle mapped over this page (VMM only).
-    phys: Option<PageHandle>,
-    /// This page's index in its mapping (0 on the head page).
-    hoff: u16,
-    /// On a head page: the pages of its mapping (0 elsewhere, and when unmapped).
-    hlen: u16,
-    /// On a head page: the mapping's first page in its handle (`Run::off`).
-    hbase: u16,
-    /// On a head page: pages of its mapping with at least one user. The mapping is idle (on its
-    /// stream's idle list) exactly when this is 0.
-    busy: u16,
-    /// Live blocks or slabs touching this page.
-    users: u32,
-    /// Bytes of live large blocks inside this page (a page is at most 1 GiB: `page_size_mb`'s
-    /// bound).
-    covered: u32,
-    /// On the head of a mapped, unused handle: when it went idle, as a sequence number (0 = not
-    /// idle). Its stream's fence must have passed this stamp before the handle moves.
-    idle_stamp: u64,
-    /// Nanoseconds since the arena started when it went idle (tracked only with
-    /// `release_idle_ms`).
-    idle_since: u64,
-    /// Neighbours in the idle list (oldest first), an intrusive list so that a page joins or
-    /// leaves it in O(1): a large block touches dozens of pages on every alloc and free.
-    idle_prev: PageRef,
-    idle_next: PageRef,
-}
-
-/// `k` pages of physical handle `h` from its page `off` on: what one mapping maps, or a piece
-/// of a split handle in the pool.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Run {
-    h: PageHandle,
-    off: u32,
-    k: u32,
-}
-
-impl Run {
-    fn whole(h: PageHandle, k: u32) -> Run {
-        Run { h, off: 0, k }
-    }
-}
-
-/// Idle pages of a mapping that other pages of it pin, lent at the limit to back a range
-/// elsewhere (`Inner::lend_idle`): the same physical pages are then mapped twice, and at their
-/// own address they are held by a placeholder taken from their stream's heap, so that no block
-/// is placed on them there until the mapping that borrowed them is unmapped (`Inner::unlend`).
-#[derive(Clone, Copy, Debug)]
-struct Lend {
-    /// Where the pages are lent from: their region, stream, address and count.
-    region: u32,
-    stream: u32,
-    addr: u64,
-    k: u32,
-    /// The placeholder's node in the stream's large heap.
-    node: u32,
-}
-
-/// A handle split into pieces: its length, and its pieces in the pool (`Inner::parts`) with
-/// their pages. Once every page is back in the pool the pieces join into the whole handle again.
-#[derive(Clone, Debug, Default)]
-struct Split {
-    pages: u32,
-    pooled: Vec<(u32, u32)>,
-}
-
-impl Split {
-    fn pooled_pages(&self) -> u32 {
-        self.pooled.iter().map(|&(_, k)| k).sum()
-    }
-}
-
-/// A page of a region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PageRef {
-    region: u32,
-    page: u32,
-}
-
-impl PageRef {
-    const NONE: PageRef = PageRef {
-        region: u32::MAX,
-        page: u32::MAX,
-    };
-}
-
-impl PageSlot {
-    /// Holding live data and free bytes: free space no one else can use (the large pool's
-    /// inactive split).
-    #[inline]
-    fn is_partial(&self, page: u64) -> bool {
-        self.users > 0 && u64::from(self.covered) < page
-    }
-}
-
-impl Default for PageSlot {
-    fn default() -> Self {
-        PageSlot {
-            phys: None,
-            hoff: 0,
-            hlen: 0,
-            hbase: 0,
-            busy: 0,
-            users: 0,
-            covered: 0,
-            idle_stamp: 0,
-            idle_since: 0,
-            idle_prev: PageRef::NONE,
-            idle_next: PageRef::NONE,
-        }
     }
 }
 
@@ -595,27 +315,6 @@ impl From<DeviceError> for Miss {
     }
 }
 
-/// A multiplicative hasher for integer keys (pointers, stream ids): no DoS concern here, and
-/// SipHash would be most of the cost of a lookup.
-#[derive(Default, Clone, Copy)]
-struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n ^ (n >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
-
 struct Inner {
     dev: Arc<dyn Device>,
     info: DeviceInfo,
@@ -704,7 +403,7 @@ struct Inner {
     growth: GrowthCounts,
     /// Modelled driver time of that growth, and what native's would have cost
     /// (`accounting.rs`): whether a block at a new peak grows ahead.
-    growth_time: accounting::GrowthTime,
+    growth_time: growth_cost::GrowthTime,
     /// Pages of the handles on all streams' idle lists.
     idle_len: u64,
     /// Pages of a large handle: 1/[`LARGE_HANDLE_SHARE`] of the limit, at least 2 (`large_pages`;
@@ -738,269 +437,6 @@ struct Inner {
     pool_states: HashMap<(PoolId, StreamId), u32>,
     /// Pools between `begin_pool` and `end_pool`: while any is, a capture may be under way.
     recording_pools: u32,
-}
-
-impl Arena {
-    /// An arena on `dev` with the settings of `conf`.
-    pub fn new(dev: Arc<dyn Device>, conf: &Config) -> Result<Arena> {
-        let info = dev.info().clone();
-        if !(1..=crate::config::MAX_PAGE_SIZE_MB).contains(&conf.page_size_mb) {
-            return Err(Error::Config(format!(
-                "TORCH_ARENA_CONF: page_size_mb:{} is out of range: expected 1 to {}",
-                conf.page_size_mb,
-                crate::config::MAX_PAGE_SIZE_MB
-            )));
-        }
-        let page = conf.page_size_mb << 20;
-        if !page.is_multiple_of(info.granularity) {
-            return Err(Error::Config(format!(
-                "TORCH_ARENA_CONF: page_size_mb:{} is not a multiple of device {}'s allocation \
-                 granularity ({} KiB): use a multiple of {} KiB",
-                conf.page_size_mb,
-                info.ordinal,
-                info.granularity >> 10,
-                info.granularity >> 10
-            )));
-        }
-        let limit = limit_for(info.total_bytes, conf.memory_fraction, page);
-        let region_len = round_up(info.total_bytes.min(MAX_REGION), page).max(page);
-        let now = Instant::now();
-        let inner = Inner {
-            vmm: info.vmm,
-            info,
-            dev,
-            page,
-            page_shift: if page.is_power_of_two() {
-                page.trailing_zeros()
-            } else {
-                0
-            },
-            stitch: conf.stitch,
-            release_idle: (conf.release_idle_ms > 0)
-                .then(|| Duration::from_millis(conf.release_idle_ms)),
-            limit,
-            fraction: conf.memory_fraction,
-            region_len,
-            classes: SizeClasses::new(page),
-            slab_max: (conf.slab_max_kb << 10).min(MAX_SMALL),
-            streams: Vec::new(),
-            stream_index: IntMap::default(),
-            last_stream: None,
-            free_streams: Vec::new(),
-            free_regions: Vec::new(),
-            tick: 0,
-            allocs: 0,
-            regions: Vec::new(),
-            region_by_addr: Vec::new(),
-            slabs: Vec::new(),
-            free_slab_ids: Vec::new(),
-            large: PtrTable::default(),
-            recorded: IntMap::default(),
-            pending: VecDeque::new(),
-            pending_ptrs: IntMap::default(),
-            spare_events: Vec::new(),
-            pool: BTreeMap::new(),
-            parts: BTreeMap::new(),
-            split: IntMap::default(),
-            pooled_pages: 0,
-            lends: IntMap::default(),
-            lending: HashMap::new(),
-            lend_ok: false,
-            lend_refused: false,
-            lent_pages: 0,
-            shared_handles: IntMap::default(),
-            shared_pages: 0,
-            grown_pages: 0,
-            grown_lengths: IntMap::default(),
-            requested_high: 0,
-            serving: 0,
-            growth: GrowthCounts::default(),
-            growth_time: accounting::GrowthTime::new(),
-            idle_len: 0,
-            large_pages: large_pages(limit, page),
-            idle_large: 0,
-            // At most 1 GiB over at least 2 MiB (the parser's bounds): fits a u16. A head page
-            // counts its handle's pages in a u16, so that bounds a handle sized to its run.
-            handle_pages: match conf.handle_mb {
-                0 => u16::MAX as u32,
-                mb => ((mb << 20) / page).clamp(1, u16::MAX as u64) as u32,
-            },
-            growth_pages: (GROWTH_BYTES / page).clamp(1, u16::MAX as u64) as u32,
-            growth_floor_pages: (GROWTH_FLOOR_BYTES / page).clamp(1, u16::MAX as u64) as u32,
-            epoch: now,
-            seq: 0,
-            stats: DeviceStats::new(),
-            in_use_pages: [0; 3],
-            partial_slabs: 0,
-            partial_pages: 0,
-            nonempty_slab_bytes: 0,
-            bad_frees: 0,
-            last_decay: now,
-            pools: HashMap::new(),
-            pool_states: HashMap::new(),
-            recording_pools: 0,
-        };
-        Ok(Arena {
-            inner: Mutex::new(inner),
-        })
-    }
-
-    /// At least `size` (> 0) bytes, 512-byte aligned, usable on `stream` at once.
-    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<DevPtr> {
-        self.alloc(size, stream).map(|b| b.ptr)
-    }
-
-    /// [`Arena::malloc`], with what a layer above needs to know of the block without asking
-    /// again: its size and its number ([`Block`]).
-    pub fn alloc(&self, size: u64, stream: StreamId) -> Result<Block> {
-        let mut g = self.inner.lock();
-        g.malloc(size, stream, None)
-    }
-
-    /// Free `ptr`. `size`, when given, must equal the request; a mismatch is reported but the
-    /// allocation is still freed (the pointer is what names it).
-    pub fn free(&self, ptr: DevPtr, size: Option<u64>, _stream: StreamId) -> Result<()> {
-        let mut g = self.inner.lock();
-        g.poll_pending();
-        let r = g.free(ptr, size);
-        if r.is_err() {
-            g.bad_frees += 1;
-        }
-        r
-    }
-
-    /// Whether `ptr` lies in memory this arena manages.
-    pub fn owns(&self, ptr: DevPtr) -> bool {
-        self.inner.lock().region_of(ptr).is_some()
-    }
-
-    /// The allocation at `ptr` is also used on `stream`: its memory is not reused until the work
-    /// queued on `stream` before its free has completed.
-    pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
-        let mut g = self.inner.lock();
-        let (base, owner) = g.live_allocation(ptr).ok_or_else(|| {
-            g.bad_frees += 1;
-            Error::BadPointer(
-                PointerFault::Unknown,
-                format!(
-                    "record_stream: pointer {ptr:#x} is not inside a live torch-arena allocation"
-                ),
-            )
-        })?;
-        if g.streams[owner as usize].id != stream {
-            let list = g.recorded.entry(base).or_default();
-            if !list.contains(&stream) {
-                list.push(stream);
-            }
-        }
-        Ok(())
-    }
-
-    /// The live allocation containing `ptr`: its base pointer and block size.
-    pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
-        let g = self.inner.lock();
-        let (base, _) = g.live_allocation(ptr).ok_or_else(|| {
-            Error::BadPointer(
-                PointerFault::Unknown,
-                format!("base_alloc: pointer {ptr:#x} is not inside a live torch-arena allocation"),
-            )
-        })?;
-        Ok((base, g.block_len(base)))
-    }
-
-    /// `empty_cache`: wait for every stream, then give every cached page back to the driver.
-    pub fn empty_cache(&self) -> Result<ReclaimReport> {
-        let mut g = self.inner.lock();
-        g.reclaim(true)
-    }
-
-    /// Wait for every stream, then return empty slabs and cached ranges to the page pool (pages
-    /// stay created, ready to back any new range). Says what was recovered.
-    pub fn defragment(&self) -> Result<ReclaimReport> {
-        let mut g = self.inner.lock();
-        g.reclaim(false)
-    }
-
-    /// Cap physical memory at `fraction` of the device. Cached pages above the new cap are
-    /// released (pooled pages first, then idle mapped pages oldest first, once the GPU is done
-    /// with them, waiting for it if need be); live memory is never touched, so reserved memory can
-    /// stay above the cap only by what live allocations hold.
-    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
-        let mut g = self.inner.lock();
-        g.fraction = fraction;
-        g.limit = limit_for(g.info.total_bytes, fraction, g.page);
-        g.large_pages = large_pages(g.limit, g.page);
-        g.idle_large = g.count_idle_large();
-        g.trim_to_limit()
-    }
-
-    pub fn stats(&self) -> DeviceStats {
-        self.inner.lock().stats.clone()
-    }
-
-    pub fn reset_peak_stats(&self) {
-        let mut g = self.inner.lock();
-        g.requested_high = g.requested_high();
-        g.stats.reset_peak();
-    }
-
-    /// Where the physical pages are: in use, idle mapped, held unused, pooled (also in
-    /// [`Arena::extras`], which costs more: it walks the slabs too). One visit per mapped handle
-    /// and per unmapped page of every region, under the lock: for reports, not every malloc.
-    pub fn pages(&self) -> PageCounts {
-        self.inner.lock().page_counts()
-    }
-
-    /// Physical memory created so far, by whether its request took the bytes requested to a new
-    /// peak (also in [`Arena::extras`], which costs more: it walks the slabs).
-    pub fn growth(&self) -> GrowthCounts {
-        self.inner.lock().growth
-    }
-
-    pub fn reset_accumulated_stats(&self) {
-        self.inner.lock().stats.reset_accumulated();
-    }
-
-    /// Pages lent now: idle pages of a mapping a live block pins, mapped a second time where a
-    /// request at the limit needed them (`Inner::lend_idle`).
-    pub fn lent_pages(&self) -> u64 {
-        self.inner.lock().lent_pages
-    }
-
-    pub fn extras(&self) -> ArenaExtras {
-        self.inner.lock().extras()
-    }
-
-    /// The device this arena allocates from.
-    /// Before `fork()` (`crate::fork`): takes the arena's lock, then its device's locks.
-    pub fn fork_prepare(&self) {
-        let g = self.inner.lock();
-        g.dev.fork_prepare();
-        std::mem::forget(g);
-    }
-
-    /// After `fork()`, in the parent (`child` false) or the child: gives back what
-    /// [`Arena::fork_prepare`] took.
-    ///
-    /// # Safety
-    /// Once after each `fork_prepare`, on the same thread.
-    pub unsafe fn fork_release(&self, child: bool) {
-        // SAFETY: this thread holds the lock (the caller's contract), so the state is ours to
-        // read, and it is given back after the device's.
-        unsafe {
-            (*self.inner.data_ptr()).dev.fork_release(child);
-            crate::fork::release(&self.inner, child);
-        }
-    }
-
-    pub fn device(&self) -> Arc<dyn Device> {
-        self.inner.lock().dev.clone()
-    }
-
-    /// Check every internal invariant, walking all state (tests only: O(everything)).
-    pub fn check_consistency(&self) -> std::result::Result<(), String> {
-        self.inner.lock().check_consistency()
-    }
 }
 
 fn limit_for(total: u64, fraction: f64, page: u64) -> u64 {

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// The current slab of a class stays when its last slot is freed, ready for the class's next
+/// request, unless it spans this much or more: classes of large slots (from 128 KiB) have slabs
+/// of 1 to 3 MiB, and kept empty they hold long stretches of the small pool that slabs of other
+/// classes then cannot use (from 2 MiB, a page, they dissolved before). The GPU suite's steps
+/// workload grew the small pool in its 25th step so (on the H200, 2026-11-27), holding 16 MiB
+/// with under 6 MiB allocated; at 2 MiB (a page, as before) the lab makes the same growth from
+/// the run's recording, at 1 MiB none, and no shared trace's counts move (BENCHMARKS.md, "Nearby
+/// orders").
+pub(super) const DISSOLVE_EMPTY_SPAN: u64 = 1 << 20;
+
 impl Inner {
     pub(super) fn alloc_small(
         &mut self,

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// Streams kept without question. Past this many, a new stream first retires streams that hold
+/// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
+/// to the pool, their reservations and page tables are given back).
+pub(super) const STREAMS_KEPT: usize = 16;
+pub(super) const STREAM_IDLE_REQUESTS: u64 = 256;
+/// Driver events kept for reuse (stream fences, pending frees' events); past this many, an event
+/// given back is destroyed. A retired stream gives its fence back, so without a bound (or without
+/// reuse) every short-lived stream would leave an event in the driver (issue 37, item 3).
+pub(super) const SPARE_EVENTS_KEPT: usize = 64;
+
 impl Inner {
     /// Index of stream `id`, created on first use (in a slot a retired stream gave back, if any).
     #[inline]

@@ -86,7 +86,7 @@ def test_a_repeating_cycle_of_shapes_grows_after_its_second_pass_only_where_nati
     # cycle's third pass (step 33, runs of 2026-11-27, the same requests twice): a cycle's steps
     # do not start from the same blocks, so "no call at all" is a bar native does not meet here.
     # The arena grew in step 37 under a40ef95 and in steps 29 and 33 under 0a1884e; the layout
-    # spare (LAYOUT_SPARE_SHARE, src/arena/mod.rs) leaves step 33 alone, as native
+    # spare (LAYOUT_SPARE_SHARE, src/arena/growth.rs) leaves step 33 alone, as native
     # (the_lab_replays_the_last_gpu_run_with_fewer_calls_and_the_gpus_bytes,
     # tests/library/trace_replay.rs).
     native, arena = _steps(workload)

@@ -530,7 +530,7 @@ fn drift(gap: usize) -> (u64, i64) {
 #[test]
 fn a_block_whose_place_drifts_between_steps_gets_spare_pages_and_stops_growing() {
     // Its length last grew the arena 5,000 requests before (`DRIFT_AFTER_REQUESTS` in
-    // `src/arena/mod.rs`), and the block that did is gone: the handle created for its 20 MiB of
+    // `src/arena/growth.rs`), and the block that did is gone: the handle created for its 20 MiB of
     // new pages also covers 1/8 of its length (16 MiB) after it, so the next shift, by 10 MiB,
     // lands on mapped pages: no driver call.
     let (calls, reserved) = drift(5_000);
@@ -544,7 +544,7 @@ fn a_block_whose_place_drifts_between_steps_gets_spare_pages_and_stops_growing()
 }
 
 /// Growth for layout, not demand (`LAYOUT_SPARE_SHARE`, `LAYOUT_HEADROOM_SHARE` in
-/// `src/arena/mod.rs`). A 1 GiB block lives throughout; blocks of 200, 100 and 200 MiB after it
+/// `src/arena/growth.rs`). A 1 GiB block lives throughout; blocks of 200, 100 and 200 MiB after it
 /// take the bytes requested to their peak, 1,524 MiB, and the arena maps exactly that. With the
 /// two 200 MiB blocks freed, a 250 MiB block fits neither the hole they left below the 100 MiB
 /// one nor the mapped pages above it: it needs 50 MiB of new pages while 1,374 MiB are
@@ -788,7 +788,7 @@ fn a_small_workload_grows_in_steps_as_native_does() {
 
 /// The small pool grows in steps (up to 4 pages a handle) while the workload climbs, and by the
 /// page below the peak requested unless the arena's growth costs more than native's would
-/// (`small_step` in `src/arena/pages.rs`). Each case first holds or frees large blocks, then asks
+/// (`small_step` in `src/arena/growth.rs`). Each case first holds or frees large blocks, then asks
 /// for 32 slab slots of 512 KiB (16 MiB): climbing beside a live 8 GiB block, the pool creates a
 /// handle per step; below the peak that block left when freed (its handle cost less than native's
 /// cudaMalloc, so the arena is ahead), one per page; below the peak of sixteen freed 100 MiB

@@ -986,7 +986,7 @@ fn lab_calls_per_step(t: &Trace) -> ([u64; 41], u64) {
 /// library it ran, the lab made exactly the calls the H200 counted, in the same steps, and ended
 /// with the bytes the H200 reserved (BENCHMARKS.md, "A second session"). Under this one, blocks
 /// climbing to a new peak grow ahead while the growth costs more than native's would
-/// (`ahead_spare` in `src/arena/pages.rs`): warm-up takes three handles fewer (168 and 63 calls
+/// (`ahead_spare` in `src/arena/growth.rs`): warm-up takes three handles fewer (168 and 63 calls
 /// against 171 and 69); after it, the one growth is still step 33's, a cycle pass in which
 /// PyTorch's own allocator grew as well; and the run ends with the H200's bytes, to the byte.
 #[test]
@@ -1003,7 +1003,7 @@ fn the_lab_replays_the_last_gpu_run_with_fewer_calls_and_the_gpus_bytes() {
 /// fewer calls than the H200's (blocks climbing to the peak grow ahead), and after it only where
 /// the GPU grew too, fewer than the GPU counted.
 /// - Run 1: step 3's growth is served by the spare pages of a step-2 handle (`layout_spare` in
-///   `src/arena/pages.rs`), step 25 creates one handle, not two (the small pool, its empty 1 MiB
+///   `src/arena/growth.rs`), step 25 creates one handle, not two (the small pool, its empty 1 MiB
 ///   slabs dissolved: `DISSOLVE_EMPTY_SPAN`), and step 37's 128 MiB block lands on spare pages.
 /// - Run 2 (the requests of run 3): steps 7 and 29 land on the spare pages of step 2's handles,
 ///   step 25 on the small pool's own pages.

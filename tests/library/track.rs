@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use torch_arena::TorchArena;
-use torch_arena::arena::BlockState;
+use torch_arena::arena::layout::BlockState;
 use torch_arena::config::{Config, SitesMode};
 use torch_arena::error::Error;
 use torch_arena::track::sites::{self, Frame};
