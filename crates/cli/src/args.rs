@@ -1,7 +1,15 @@
 //! Command-line parsing: options and values, sizes and durations, and the traces named on
 //! the command line (files, synthetic specs, the built-in demo trace).
 
-use crate::*;
+use std::path::{Path, PathBuf};
+
+use torch_arena_lab as tr;
+use torch_arena_lab::Trace;
+use torch_arena_lab::native::NativeOptions;
+use torch_arena_lab::synth as lib_synth;
+
+use crate::out::CliResult;
+use crate::usage::DEFAULT_SEED;
 
 /// One command-line item: an option (with a value given as `--opt=value`) or a positional.
 pub(crate) enum Item {

@@ -1,6 +1,14 @@
 //! `torch-arena convert`: any trace into torch-arena's trace format.
 
-use crate::*;
+use std::path::{Path, PathBuf};
+
+use torch_arena_lab::Trace;
+
+use crate::out::CliResult;
+
+use crate::args::{ArgCursor, Item, TraceArg};
+use crate::text::{fmt_bytes, fmt_count};
+use crate::usage::{CONVERT_SYNOPSIS, USAGE};
 
 /// `torch-arena convert TRACE -o FILE`.
 pub(crate) fn convert_command(args: &[String]) -> CliResult<u8> {

@@ -1,7 +1,38 @@
 //! `torch-arena demo`: the built-in demo trace replayed beside the native emulation, with a
 //! reading, and `demo --model`: the modelled training loop run through the arena.
 
-use crate::*;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use torch_arena::TorchArena;
+use torch_arena::device::DriverCounters;
+use torch_arena::device::costs::DriverCosts;
+use torch_arena_lab::fit::Fit;
+use torch_arena_lab::training::TrainingLoop;
+
+use crate::out::CliResult;
+use crate::progress::with_spinner;
+use crate::replay::print_outcome;
+
+use torch_arena::config::{Config, DeviceKind};
+use torch_arena_lab::replay::{ReplayResult, StepStats, Timing};
+
+use crate::args::{ArgCursor, Item, TraceArg, parse_capacity};
+use crate::fit::{best_native, fit_default_settings, fit_rows};
+use crate::replay_plot::{panel, plot_path_for, write_plot};
+use crate::replay_run::{ReplaySettings, TraceOutcome, replay_trace};
+use crate::text::{
+    fmt_bytes, fmt_count, fmt_frag, fmt_ns, fmt_secs, fragmentation, nb, print_table, wrap,
+};
+use crate::usage::{DEFAULT_CAPACITY, DEMO_REPEAT, DEMO_SYNOPSIS, EXIT_OOM, USAGE};
+
+/// Where the shipped demo trace lives, relative to the source tree.
+pub(crate) const DEMO_TRACE_REL: &str = "traces/demo-train.trace.gz";
+/// The demo trace, built into the command so that `torch-arena demo` works from an installed
+/// wheel anywhere (`scripts/make-demo-trace` rewrites the file; rebuild to embed the new one).
+pub(crate) const DEMO_TRACE: &[u8] = include_bytes!("../../../traces/demo-train.trace.gz");
+/// Its name in tables and plots.
+pub(crate) const DEMO_TRACE_NAME: &str = "demo-train.trace.gz";
 
 pub(crate) const DEMO_OPTIONS: &[&str] = &[
     "--model",

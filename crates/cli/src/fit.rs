@@ -3,8 +3,24 @@
 //! `--native-conf` (`torch_arena_lab::fit`), with what the last step costs there. Traces run
 //! in parallel, one worker per core; results print in the order the traces were given.
 
-use crate::*;
-use std::sync::Mutex;
+use std::sync::{Mutex, mpsc};
+use std::time::Duration;
+
+use torch_arena::config::Config;
+use torch_arena_lab::Trace;
+use torch_arena_lab::native::NativeOptions;
+use torch_arena_lab::replay::Timing;
+
+use crate::fit_plot;
+use crate::out::CliResult;
+
+use crate::args::{ArgCursor, Item, TraceArg, native_conf_arg, parse_count};
+use crate::json::{JsonObject, calls_json};
+use crate::progress::{ProgressBar, stderr_is_terminal};
+use crate::replay_run::{ReplaySettings, TraceInfo, conf_name, timing_under, trace_info};
+use crate::text::{fmt_bytes, fmt_count, fmt_secs, print_table, source_key, source_name};
+use crate::usage::{FIT_OPTIONS, FIT_SYNOPSIS, USAGE};
+
 pub(crate) use torch_arena_lab::fit::Fit;
 use torch_arena_lab::fit::{self as lib_fit, Allocator};
 

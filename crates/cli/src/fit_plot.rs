@@ -9,8 +9,17 @@
 //! one file per trace) the image is an overview instead: per trace, each allocator's minimum
 //! over the bytes requested, a dot per allocator.
 
-use crate::*;
+use std::path::Path;
+
 use plotters::prelude::*;
+use torch_arena_lab::Trace;
+use torch_arena_lab::fit::Fit;
+use torch_arena_lab::replay::Timing;
+
+use crate::out::CliResult;
+use crate::replay_run::conf_name;
+use crate::text::fmt_bytes;
+
 use torch_arena_lab::fit::{self as lib_fit, Allocator};
 
 /// Capacities each allocator is replayed at, per trace.

@@ -1,7 +1,10 @@
 //! The CLI's JSON lines, through the library's one writer (`torch_arena::json`: escaping, one
 //! NaN policy, the object builder).
 
-use crate::*;
+use torch_arena::arena::{Growth, GrowthCounts};
+use torch_arena::device::DriverCounters;
+
+use torch_arena_lab::replay::{OomReport, StepStats};
 
 /// A JSON object built field by field, in order (the library's builder).
 pub(crate) type JsonObject = torch_arena::json::Object;

@@ -1,7 +1,12 @@
 //! Progress on stderr: a bar with a rate and an ETA, and a spinner for work that reports no
 //! progress.
 
-use crate::*;
+use std::io::Write;
+use std::sync::mpsc;
+
+use crate::text::fmt_rate;
+
+use std::time::{Duration, Instant};
 
 /// Whether progress goes to stderr.
 pub(crate) fn stderr_is_terminal() -> bool {

@@ -1,7 +1,13 @@
 //! `replay --json`: one JSON object per trace and setting (and the native emulation), the
 //! fields BENCHMARKS.md and the shared checks read.
 
-use crate::*;
+use torch_arena_lab::live;
+
+use crate::args::TraceArg;
+
+use crate::json::{JsonObject, calls_json, covered_json, growth_json, oom_json, steps_json};
+use crate::replay_run::{Emulated, ReplaySettings, TraceOutcome};
+use crate::text::{fragmentation, source_key};
 
 /// One JSON object per setting of the trace (see the field list in the report of `--json`).
 pub(crate) fn json_lines(s: &ReplaySettings, o: &TraceOutcome) -> Vec<String> {

@@ -1,7 +1,18 @@
 //! `replay --plot`: a panel per trace (requested and reserved bytes over the events, driver
 //! time, capacity, OOMs) and the overview row of a sweep.
 
-use crate::*;
+use std::path::{Path, PathBuf};
+
+use torch_arena::device::costs::DriverCosts;
+use torch_arena_lab::plot;
+use torch_arena_lab::replay::Point;
+
+use crate::out::CliResult;
+
+use torch_arena_lab::plot::{Line, Mark, OverviewRow, Panel, Style, TimeLine};
+
+use crate::replay_run::{ReplaySettings, TraceOutcome, conf_name};
+use crate::text::{fmt_bytes, fmt_count, fmt_secs, source_name};
 
 /// The plot panel of one trace: requested bytes once, then each allocator's reserved bytes.
 pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
@@ -184,21 +195,3 @@ pub(crate) fn write_plot(path: &Path, panels: &[Panel]) -> CliResult<()> {
     errln!("torch-arena: plot written to {}", path.display());
     Ok(())
 }
-
-pub(crate) const REPLAY_OPTIONS: &[&str] = &[
-    "--capacity",
-    "--conf",
-    "--repeat",
-    "--gpu-lag",
-    "--driver-costs",
-    "--native",
-    "--native-conf",
-    "--backing",
-    "--check",
-    "--live",
-    "--json",
-    "--plot",
-    "--progress",
-    "--no-progress",
-    "--help",
-];

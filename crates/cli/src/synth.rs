@@ -1,6 +1,13 @@
 //! `torch-arena synth`: write a synthetic trace.
 
-use crate::*;
+use std::path::PathBuf;
+
+use crate::convert::write_trace;
+use crate::out::CliResult;
+
+use crate::args::{ArgCursor, Item, SynthSpec, parse_capacity, parse_count, parse_size};
+use crate::text::{fmt_bytes, fmt_count};
+use crate::usage::{DEFAULT_CAPACITY, DEFAULT_SEED, SYNTH_SYNOPSIS, USAGE};
 
 pub(crate) const SYNTH_OPTIONS: &[&str] = &[
     "--capacity",

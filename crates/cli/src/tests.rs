@@ -1,11 +1,33 @@
 //! Unit tests of the command's formatting, JSON and reading.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use json_reader::Json;
+use torch_arena::device::DriverCounters;
+use torch_arena_lab::fit::Fit;
+use torch_arena_lab::native::NativeResult;
+
+use crate::demo::demo_reading;
+use crate::json::JsonObject;
+use crate::usage::REPLAY_OPTIONS;
+
+use torch_arena::arena::{Growth, GrowthCounts};
+use torch_arena::config::{Config, DeviceKind};
+use torch_arena_lab::replay::{OomReport, Point, ReplayResult, StepStats};
+use torch_arena_lab::{Kind, Source};
+
+use crate::args::{ArgCursor, Item, SYNTH_FORMS, SynthSpec, TraceArg, parse_capacity, parse_size};
+use crate::progress::{eta_text, shorten};
+use crate::replay_json::{json_lines, json_load_error};
+use crate::replay_plot::{panel, plot_path_for};
+use crate::replay_run::{Emulated, ReplaySettings, Run, TraceInfo, TraceOutcome};
+use crate::text::{fmt_bytes, fmt_count, fmt_frag, fmt_ns, fragmentation, nb, wrap};
+use crate::usage::{DEFAULT_SEED, REPLAY_SYNOPSIS};
 
 // The tests' one strict JSON reader (tests/common/json.rs), shared with the ABI tests.
 #[path = "../../../tests/common/json.rs"]
 mod json_reader;
-use json_reader::Json;
 
 fn parse_json(text: &str) -> Json {
     json_reader::parse(text).unwrap_or_else(|e| panic!("{e}: {text}"))
@@ -388,7 +410,7 @@ fn recorded_segment_events_count_calls_and_bytes() {
         peak: 42 * mib,
         ..Default::default()
     });
-    let c = crate::replay::recorded_calls(&trace).unwrap();
+    let c = crate::replay_run::recorded_calls(&trace).unwrap();
     assert_eq!((c.mem_alloc, c.mem_free), (2, 1));
     assert_eq!((c.mem_alloc_bytes, c.mem_free_bytes), (40 * mib, 22 * mib));
 }

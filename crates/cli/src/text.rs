@@ -1,6 +1,8 @@
 //! Formatting for people: bytes, counts, times, fragmentation, wrapped text and tables.
 
-use crate::*;
+use torch_arena_lab::Source;
+
+use crate::out::CliResult;
 
 /// Bytes for people: the library's one formatter (`79.65 GiB`, `512 B`).
 pub(crate) fn fmt_bytes(b: u64) -> String {
