@@ -49,12 +49,19 @@ def parse_size(limit: Any) -> int:
 
 
 def format_size(n: float) -> str:
-    """``n`` bytes in binary units, like PyTorch's memory_viz: ``"1.0 MiB"``, ``"512 B"``."""
+    """``n`` bytes for people, as the Rust library and the ``torch-arena`` command write them
+    (``human_bytes``): two decimals in the largest binary unit that keeps the number at least 1,
+    ``"1.00 MiB"``, ``"79.65 GiB"``; whole bytes under 1 KiB, ``"512 B"``. Negative sizes (a site
+    that shrank) get a minus sign. ``tests/fixtures/byte_formats.txt`` holds both to the same
+    text."""
     value = float(n)
-    if abs(value) < 1024:
-        return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value < 1024:
+        return f"{sign}{value:.0f} B"
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    unit = 0
+    while value >= 1024 and unit < len(units) - 1:
         value /= 1024.0
-        if abs(value) < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    return f"{value:.1f} PiB"  # pragma: no cover
+        unit += 1
+    return f"{sign}{value:.2f} {units[unit]}"

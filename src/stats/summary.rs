@@ -206,7 +206,8 @@ pub fn format_size(bytes: u64) -> String {
 /// Bytes with two decimals in the largest binary unit that keeps the number >= 1: `79.65 GiB`
 /// (`512 B` under 1 KiB). The crate's one byte formatter for people, besides PyTorch's own
 /// (`format_size_pref` for `memory_summary`'s table, [`format_size`] for out-of-memory
-/// messages), whose exact text PyTorch users know.
+/// messages), whose exact text PyTorch users know. The Python package's `format_size` writes
+/// the same text (`tests/fixtures/byte_formats.txt` holds both).
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
@@ -450,6 +451,21 @@ mod tests {
         assert_eq!(format_size_pref(1000, 805_306_368), "     0 MiB");
         assert_eq!(format_size_pref(-1, 1 << 30), "    -1 MiB");
         assert_eq!(format_size_pref(0, 0), "     0 B  ");
+    }
+
+    /// Rust's one byte formatter for people and the Python package's (`_sizes.format_size`,
+    /// tested against the same file) write the same text.
+    #[test]
+    fn human_bytes_matches_the_shared_fixture() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/byte_formats.txt");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut rows = 0;
+        for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let (n, want) = line.split_once('\t').expect("bytes<TAB>text");
+            assert_eq!(human_bytes(n.parse().unwrap()), want, "{n}");
+            rows += 1;
+        }
+        assert!(rows >= 20, "{rows} rows");
     }
 
     #[test]

@@ -99,7 +99,7 @@ def test_a_cache_that_grows_for_10_steps_then_stays_flat_is_plateaued(sites):
     assert (p["first_step"], p["until_step"]) == (start + 2, start + 10)
     assert p["bytes_per_step"] == pytest.approx(caches.ITEM, rel=0.05)
     assert p["live_count"] == 10
-    assert "(not a leak: " in text and "then stayed flat at 640.0 KiB" in text, text
+    assert "(not a leak: " in text and "then stayed flat at 640.00 KiB" in text, text
     caches.reset()
     with torch_arena.no_leaks(warmup=2, limit=0) as check:
         caches.fills_then_flat(30, torch_arena.step, lambda: None, grow_steps=10)
@@ -212,7 +212,7 @@ def test_live_report_lists_sites_by_live_bytes_with_counts_and_holders(sites):
     ]
     text = torch_arena.live_report()
     lines = [line for line in text.splitlines() if line.startswith("#")]
-    assert "12.0 MiB" in lines[0] and "in 3 allocation(s)" in lines[0], text
+    assert "12.00 MiB" in lines[0] and "in 3 allocation(s)" in lines[0], text
     assert text.index("in _three_sites") > 0
     top1 = torch_arena.live_report(format="json", top=1)
     assert len(top1["sites"]) == 1 and top1["sites_not_shown"] == len(report["sites"]) - 1

@@ -221,7 +221,7 @@ def test_no_leaks_steps_false_judges_what_the_block_left_live():
             scratch = DeviceBuffer(8 * MiB)  # freed in the block
             del scratch
     text = str(info.value)
-    assert "2.0 MiB left live in 1 allocation(s)" in text, text
+    assert "2.00 MiB left live in 1 allocation(s)" in text, text
     assert "kept[0]" in text, text
     assert "test_leaks.py" in text
     kept.clear()
@@ -316,10 +316,18 @@ def test_a_bad_limit_is_refused_by_no_leaks():
         torch_arena.no_leaks(limit="1 MX")
 
 
-def test_format_size():
-    assert format_size(512) == "512 B"
-    assert format_size(1 << 20) == "1.0 MiB"
-    assert format_size(1536) == "1.5 KiB"
+def test_format_size_writes_what_the_rust_library_writes():
+    # The same file holds Rust's human_bytes to the same texts (src/stats/summary.rs).
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "byte_formats.txt"
+    rows = [
+        line.split("\t")
+        for line in fixture.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert len(rows) >= 20
+    for n, text in rows:
+        assert format_size(int(n)) == text, (n, text)
+    assert format_size(-1536) == "-1.50 KiB"
 
 
 def test_importing_torch_arena_does_not_import_torch(tmp_path):
@@ -356,7 +364,7 @@ def test_leaks_true_prints_the_report_at_exit_and_writes_json(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert f"train.py:{line} in <module>" in proc.stderr, proc.stderr
-    assert "1.0 MiB per step" in proc.stderr, proc.stderr
+    assert "1.00 MiB per step" in proc.stderr, proc.stderr
     assert "history[" in proc.stderr, proc.stderr
     (written,) = list(tmp_path.glob("leaks-*.json"))
     data = json.loads(written.read_text())

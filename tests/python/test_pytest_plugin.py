@@ -81,7 +81,7 @@ def test_a_leaking_test_fails_with_the_report_and_clean_ones_pass(pytester):
         [
             "*test_leaky FAILED*",
             "*LeakError*",
-            "*2.0 MiB left live in 1 allocation(s)*",
+            "*2.00 MiB left live in 1 allocation(s)*",
             f"*test_marked.py:{line} in test_leaky*",
             "*KEPT[[]*",
         ]
@@ -175,4 +175,4 @@ def test_a_bounded_cache_is_not_a_leak_as_no_leaks_judges_it(pytester):
     result.stdout.fnmatch_lines(
         ["*test_warm_deque PASSED*", "*test_lru_cache_at_its_bound PASSED*"]
     )
-    result.stdout.fnmatch_lines(["*test_unbounded FAILED*", "*2.0 MiB left live in 1 allocation*"])
+    result.stdout.fnmatch_lines(["*test_unbounded FAILED*", "*2.00 MiB left live in 1 allocation*"])
