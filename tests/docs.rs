@@ -1,5 +1,6 @@
 //! The docs stay true to the code: every configuration key the parser accepts is in the README's
-//! table, and the table names no key the parser would refuse.
+//! table, and the table names no key the parser would refuse; every shipped snapshot is in
+//! NOTICE; every section of a document that a code comment cites exists.
 
 use torch_arena::config::{Config, accepted_keys};
 
@@ -104,4 +105,116 @@ fn csv_fields(row: &str) -> Vec<String> {
     }
     fields.push(cur);
     fields
+}
+
+/// Comment text of a source file: runs of comment lines (`//`, `///`, `//!`, `#`, ` * ` in C)
+/// joined with spaces, so a citation broken over lines reads whole.
+fn comment_runs(src: &str) -> Vec<String> {
+    let mut runs = Vec::new();
+    let mut cur = String::new();
+    for line in src.lines() {
+        let t = line.trim_start();
+        let body = ["//!", "///", "//", "# ", "* "]
+            .iter()
+            .find_map(|m| t.strip_prefix(m))
+            .or_else(|| (t == "#" || t == "*").then_some(""));
+        match body {
+            Some(b) => {
+                cur.push(' ');
+                cur.push_str(b.trim());
+            }
+            None if !cur.is_empty() => runs.push(std::mem::take(&mut cur)),
+            None => {}
+        }
+    }
+    if !cur.is_empty() {
+        runs.push(cur);
+    }
+    runs
+}
+
+/// Every source file of the repository that code comments live in.
+fn source_files() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut todo: Vec<std::path::PathBuf> = [
+        "src", "crates", "tests", "python", "benches", "bench", "cpp_shim", "scripts",
+    ]
+    .iter()
+    .map(|d| root.join(d))
+    .collect();
+    while let Some(p) = todo.pop() {
+        if p.is_dir() {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name == "target" || name == "results" || name.starts_with('.') {
+                continue;
+            }
+            for e in std::fs::read_dir(&p).unwrap() {
+                todo.push(e.unwrap().path());
+            }
+        } else if p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| ["rs", "py", "c", "cpp", "h"].contains(&e))
+            || p.parent().is_some_and(|d| d.ends_with("scripts"))
+        {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A code comment that cites a section of one of the repository's documents
+/// (`BENCHMARKS.md, "Drift"`, `docs/python.md, "Hunting leaks"`) cites one that exists: some
+/// heading of that document contains the quoted words, or a bold label starts with them. Documents outside the repository
+/// (`reference/...`, DESIGN.md) are not checked.
+#[test]
+fn every_section_a_code_comment_cites_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for file in source_files() {
+        let Ok(src) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for run in comment_runs(&src) {
+            let mut rest = run.as_str();
+            while let Some(at) = rest.find(".md") {
+                let before = &rest[..at];
+                let start = before
+                    .rfind(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+                    .map_or(0, |i| i + 1);
+                let doc = format!("{}.md", &before[start..]);
+                let after = rest[at + 3..].trim_start_matches([',', ':']).trim_start();
+                rest = &rest[at + 3..];
+                let Some(quoted) = after.strip_prefix('"') else {
+                    continue;
+                };
+                let Some(end) = quoted.find('"') else {
+                    continue;
+                };
+                let section = &quoted[..end];
+                let path = root.join(&doc);
+                if doc.is_empty() || !path.is_file() {
+                    continue;
+                }
+                checked += 1;
+                let text = std::fs::read_to_string(&path).unwrap();
+                // A heading, or a bold run-in label (`- **Growth steps, measured.** ...`).
+                let found = text.lines().any(|l| {
+                    (l.starts_with('#') && l.contains(section))
+                        || l.contains(&format!("**{section}"))
+                });
+                if !found {
+                    missing.push(format!(
+                        "{} cites {doc}, \"{section}\": no heading of {doc} has those words",
+                        file.strip_prefix(root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    // The reader finds the citations (a dozen are known): it is not passing by reading none.
+    assert!(checked >= 10, "only {checked} citations found");
 }

@@ -457,10 +457,16 @@ mod tests {
     /// tested against the same file) write the same text.
     #[test]
     fn human_bytes_matches_the_shared_fixture() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/byte_formats.txt");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/byte_formats.txt"
+        );
         let text = std::fs::read_to_string(path).unwrap();
         let mut rows = 0;
-        for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
             let (n, want) = line.split_once('\t').expect("bytes<TAB>text");
             assert_eq!(human_bytes(n.parse().unwrap()), want, "{n}");
             rows += 1;
