@@ -11,6 +11,7 @@ pub mod abi;
 pub mod allocator;
 pub mod arena;
 pub mod atomic_file;
+pub mod block;
 pub mod config;
 pub mod device;
 pub mod error;

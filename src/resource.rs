@@ -9,25 +9,13 @@
 //! then the tracker's shard lock (a leaf). A site is captured before any of them: it may take
 //! the GIL, and no lock of ours may be held then.
 
-use crate::arena::{Arena, Block, PoolId};
+use crate::arena::Arena;
+use crate::block::Block;
+pub use crate::block::Request;
 use crate::device::{DevPtr, StreamId};
 use crate::error::{Error, PointerFault, Result};
 use crate::record::Recorder;
 use crate::track::Tracker;
-
-/// One allocation request, as it goes down the stack.
-#[derive(Clone, Debug, Default)]
-pub struct Request {
-    /// Bytes requested (> 0).
-    pub size: u64,
-    pub stream: StreamId,
-    /// A private pool (CUDA graph capture), or general memory.
-    pub pool: Option<PoolId>,
-    /// The allocation site, captured before any lock (0: none).
-    pub site: u32,
-    /// The site's text, for a recorder that has not seen it yet (read before any lock too).
-    pub site_label: Option<String>,
-}
 
 /// An allocator of device memory.
 pub trait Resource {

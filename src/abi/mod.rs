@@ -1,19 +1,20 @@
 //! The C ABI: every `extern "C"` export of the cdylib, and nothing else.
 //!
-//! This module owns the process-wide [`TorchArena`] instance, the last-error slots and the
-//! translation between C values (raw pointers, `int` status codes, NUL-terminated strings) and the
-//! Rust API. All allocator logic lives in [`TorchArena`]; each export here is a thin wrapper.
-//! The public header `cpp_shim/torch_arena.h` documents every symbol for C callers; the C++ shim
-//! (`cpp_shim/shim.cpp`) holds the two functions PyTorch calls, `torch_arena_malloc` and
-//! `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into a C++ exception, and
-//! the three pool hooks of CUDA graph capture, which call [`torch_arena_pool_begin`],
-//! [`torch_arena_pool_end`], [`torch_arena_pool_release`] and [`torch_arena_try_malloc_pool`].
+//! This module owns the process-wide [`TorchArena`](crate::TorchArena) instance, the last-error
+//! slots and the translation between C values (raw pointers, `int` status codes, NUL-terminated
+//! strings) and the Rust API. All allocator logic lives in [`TorchArena`](crate::TorchArena); each
+//! export here is a thin wrapper. The public header `cpp_shim/torch_arena.h` documents every symbol
+//! for C callers; the C++ shim (`cpp_shim/shim.cpp`) holds the two functions PyTorch calls,
+//! `torch_arena_malloc` and `torch_arena_free`, which turn [`torch_arena_try_malloc`]'s status into
+//! a C++ exception, and the three pool hooks of CUDA graph capture, which call
+//! [`torch_arena_pool_begin`], [`torch_arena_pool_end`], [`torch_arena_pool_release`] and
+//! [`torch_arena_try_malloc_pool`].
 //!
 //! # The no-panic invariant
 //!
 //! A Rust panic must never cross the FFI boundary: PyTorch calls these functions from C++ on any
 //! thread, and an unwinding panic would abort the Python process. Every export runs its body
-//! inside [`std::panic::catch_unwind`] (through [`guarded`]); a caught panic becomes
+//! inside [`std::panic::catch_unwind`] (through `shared::guarded`); a caught panic becomes
 //! [`TORCH_ARENA_ERR_PANIC`] (or the export's documented failure value) and a last-error message.
 //! Null out-pointers are reported as [`TORCH_ARENA_ERR_INVALID_ARGUMENT`], never dereferenced.
 //!

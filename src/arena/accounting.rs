@@ -1,6 +1,6 @@
 //! Derived figures: reserved bytes, pages moving between pools, inactive-split counters, the
-//! modelled cost of the growth so far against native's (`growth_cost::GrowthTime`), and the extras the
-//! summary shows.
+//! modelled cost of the growth so far against native's (`growth_cost::GrowthTime`), and the extras
+//! the summary shows.
 
 use super::*;
 use crate::sizing as native;

@@ -68,9 +68,10 @@ mod slab;
 mod small;
 mod streams;
 
+pub use crate::block::{Block, PoolId};
 pub use crate::stats::report::*;
 pub use crate::stats::summary::format_size;
-pub use pool::{PoolId, PoolInfo};
+pub use pool::PoolInfo;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -97,21 +98,11 @@ const BUCKETS: usize = 8;
 /// keeps a page table entry per page, so this bounds host memory per region (16,384 entries).
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
+
 /// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
 /// cache misses.
 pub struct Arena {
     inner: Mutex<Inner>,
-}
-
-/// A block handed out by [`Arena::alloc`]: where, how large (the size class or the 512-byte
-/// rounding of the request), and its number among this arena's allocations (rising in the order
-/// the arena's lock handed blocks out, so a layer above can order allocations without a counter
-/// of its own).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Block {
-    pub ptr: DevPtr,
-    pub size: u64,
-    pub seq: u64,
 }
 
 /// A live block of the large pool.

@@ -1,8 +1,5 @@
-//! The private pools' identifiers and records (`PoolId`, what a pool holds); what the arena does
-//! with them is in `capture.rs`.
-
-/// A PyTorch `MempoolId_t`: `std::pair<unsigned long long, unsigned long long>`.
-pub type PoolId = (u64, u64);
+//! The private pools' records (what a pool holds; its id, `PoolId`, is in `block.rs`); what the
+//! arena does with them is in `capture.rs`.
 
 /// One private pool.
 #[derive(Debug, Default)]

@@ -23,9 +23,9 @@
 //! No key takes a list yet, but lists are tokenized so that a list given to a scalar key is reported
 //! as such, and unbalanced brackets are reported as such.
 //!
-//! Every error is an [`Error::Config`] whose text starts with where the text came from
-//! (`TORCH_ARENA_CONF: ...`) and names the key, the value and the accepted forms. Parsing is all or
-//! nothing: on an error no setting is applied.
+//! Every error is an [`Error::Config`](crate::Error::Config) whose text starts with where the text
+//! came from (`TORCH_ARENA_CONF: ...`) and names the key, the value and the accepted forms. Parsing
+//! is all or nothing: on an error no setting is applied.
 
 use std::fmt;
 

@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 
-use crate::arena::Block;
+use crate::block::Block;
 use crate::config::{Config, SitesMode};
 use crate::device::{DevPtr, MAX_DEVICES, StreamId};
 use crate::json;
