@@ -1,5 +1,5 @@
 //! The arena's public methods: each takes the lock and calls into the concern that does the work
-//! (`ladder.rs` for a request, `free.rs` for a free, `capture.rs` for the private pools, ...).
+//! (`alloc.rs` for a request, `free.rs` for a free, `capture.rs` for the private pools, ...).
 
 use super::growth::{GROWTH_BYTES, GROWTH_FLOOR_BYTES, large_pages};
 use super::*;

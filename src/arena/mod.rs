@@ -13,25 +13,31 @@
 //!   reuses them with no driver call.
 //! - At the limit, idle pages of a mapping that a live block pins (a mapping is unmapped only
 //!   whole) are lent: mapped a second time where the request goes, held by a placeholder where
-//!   they were until the borrowing mapping is unmapped (`pages.rs`, `lend_idle`).
+//!   they were until the borrowing mapping is unmapped (`handles.rs`, `lend_idle`).
 //! - Each stream owns its heaps and slabs: memory freed on stream S is reused at once only by S.
 //!   Physical pages move to another stream (or back to the driver) only once an event recorded on
 //!   S after the free has completed. Frees of allocations used on other streams (`record_stream`)
 //!   wait for events on those streams first.
 //!
-//! Files, one concern each (all `impl Inner`, the state behind the arena's lock, declared here):
-//! - `ladder.rs`: the entry of every allocation, the size pre-check and the out-of-memory ladder,
-//!   and reclaiming (`empty_cache`, `defragment`, memory fraction, decay);
+//! Files, one concern each (the types and the state behind the arena's lock are declared here,
+//! its public methods are in `api.rs`, and the rest is `impl Inner`):
+//! - `alloc.rs`: the entry of every allocation: the state lookup, the size pre-check, one try;
+//! - `ladder.rs`: the out-of-memory ladder, and reclaiming (`empty_cache`, `defragment`, memory
+//!   fraction, decay);
 //! - `small.rs`: size-class slabs; `large.rs`: block placement in a stream's address heap;
-//! - `pages.rs`: regions, page tables, idle lists, acquiring/mapping/unmapping pages;
-//! - `growth.rs`: how much a miss creates past what it needs (steps, spare pages, growth ahead);
+//! - `pages.rs`: regions, acquiring/mapping/unmapping pages (their records: `page_table.rs`);
+//!   `idle.rs`: page users and the idle lists; `handles.rs`: the pool of physical handles and
+//!   lending at the limit;
+//! - `growth.rs`: how much a miss creates past what it needs (steps, spare pages, growth ahead),
+//!   with the constants that size it; `growth_cost.rs`: its modelled cost against native's;
 //! - `free.rs`: frees, pending frees (record_stream) and pointer lookups;
 //! - `streams.rs`: the stream index and the retirement of idle streams;
-//! - `pool.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
-//!   what the arena must not do while a stream is captured;
+//! - `capture.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
+//!   what the arena must not do while a stream is captured (the pools' records: `pool.rs`);
 //! - `accounting.rs`: derived statistics and summary extras; `check.rs`: consistency checks;
-//! - `heap.rs` (with its `size_index.rs`), `slab.rs`, `size_class.rs`, `layout.rs`: the data
-//!   structures and the layout report those use (the other reports are `stats::report`'s).
+//! - `heap.rs` (with its `size_index.rs`), `slab.rs`, `size_class.rs`, `int_map.rs`, `layout.rs`:
+//!   the data structures and the layout report those use (the other reports are
+//!   `stats::report`'s).
 //!
 //! Invariants (each has a test):
 //! 1. No two live allocations overlap; every live allocation lies in pages that stay mapped.
@@ -46,6 +52,7 @@
 //!    where it was lent from (a placeholder holds it there).
 
 mod accounting;
+mod alloc;
 mod api;
 mod capture;
 mod check;

@@ -1,0 +1,89 @@
+//! The entry of every allocation, the fast path: find the stream's state, check the size against
+//! what the limit could ever give, and try the size class or the large heap once. Only a miss
+//! there goes on to the out-of-memory ladder (`ladder.rs`).
+
+use super::*;
+
+impl Inner {
+    pub(super) fn malloc(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<Block> {
+        self.poll_pending();
+        self.lend_ok = false;
+        let s = self.state_for(stream, pool)?;
+        if pool.is_some() && !self.streams[s as usize].captured {
+            // Whether a graph may use this state's memory (pool.rs, `capture_fence`); a failed
+            // query counts as yes.
+            self.streams[s as usize].captured = self.dev.is_capturing(stream).unwrap_or(true);
+        }
+        // A request the limit cannot give even with every cached page moved fails here, before
+        // any driver call or host allocation proportional to it.
+        if !self.within_reach(size) {
+            // Empty slabs kept for their size class hold pages no live allocation needs: let
+            // them go (host only, no driver call) and look again.
+            if self.dissolve_empty_slabs() == 0 || !self.within_reach(size) {
+                return Err(self.out_of_memory(size));
+            }
+        }
+        let created = self.stats.num_device_alloc;
+        self.serving = size;
+        match self.try_alloc(size, s, false) {
+            Ok(b) => Ok(self.block(b)),
+            Err(Miss::Device(e)) => Err(e.into()),
+            Err(Miss::NoMemory) => self.escalate(size, stream, pool, created),
+        }
+    }
+
+    /// Whether a request of `size` bytes could be met within the limit if every cached page were
+    /// moved to it. Pages holding live data cannot move; a large block may share at most its first
+    /// and last page with them, so this errs on the side of trying by at most two pages. Small
+    /// requests always may (a slab slot may be free already).
+    pub(super) fn within_reach(&self, size: u64) -> bool {
+        if size <= self.slab_max {
+            return true;
+        }
+        let Some(len) = size.checked_next_multiple_of(MIN_BLOCK) else {
+            return false;
+        };
+        // Lent pages are in use twice, where they were lent from and where they are.
+        let pinned = (self.in_use_pages[Pool::Small as usize]
+            + self.in_use_pages[Pool::Large as usize])
+            .saturating_sub(self.lent_pages);
+        let budget = (self.limit / self.page).saturating_sub(pinned);
+        // Only pages holding live data can be shared, and only the block's first and last.
+        len.div_ceil(self.page).saturating_sub(pinned.min(2)) <= budget
+    }
+
+    /// The out-of-memory error for a request of `size` bytes, counted.
+    pub(super) fn out_of_memory(&mut self, size: u64) -> Error {
+        self.stats.num_ooms += 1;
+        Error::OutOfMemory(self.oom_message(size))
+    }
+
+    pub(super) fn try_alloc(
+        &mut self,
+        size: u64,
+        s: u32,
+        anywhere: bool,
+    ) -> std::result::Result<(DevPtr, u64), Miss> {
+        if size <= self.slab_max {
+            self.alloc_small(size, s, anywhere)
+        } else {
+            self.alloc_large(size, s, anywhere)
+        }
+    }
+
+    /// The block handed out at `ptr` (of `size` bytes), numbered.
+    #[inline]
+    pub(super) fn block(&mut self, (ptr, size): (DevPtr, u64)) -> Block {
+        self.allocs += 1;
+        Block {
+            ptr,
+            size,
+            seq: self.allocs,
+        }
+    }
+}
