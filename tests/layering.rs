@@ -491,58 +491,19 @@ fn top(f: &File) -> String {
     f.module.first().cloned().unwrap_or_else(|| "root".into())
 }
 
-/// The cycles left, each a module whose `mod.rs` (or crate root) and its files import each other
-/// (the parent keeps the shared state and re-exports, the files `use super::*`). Each is to be
-/// untangled by moving what the files share into a leaf of its own, as `crates/lab/src/model.rs`
-/// (the trace model), `input.rs` (opening files) and `plot/layout.rs` did for the lab; then its
-/// line goes. A cycle not listed here, or a listed one that grew, fails; so does a listed one
-/// that is gone (remove its line).
-const CYCLES_LEFT: &[(&str, usize, &str)] =
-    &[("src/device/sim", 5, "src/device/sim/mod.rs and its 4 files")];
-
-/// The line of `CYCLES_LEFT` that names the cycle of `files`, if any: all in its folder, as many.
-fn known_cycle(files: &[&str]) -> Option<&'static str> {
-    let dir = |f: &str| {
-        f.rsplit_once('/')
-            .map_or(String::new(), |(d, _)| d.to_string())
-    };
-    let d = dir(files[0]);
-    if files.iter().any(|f| dir(f) != d) {
-        return None;
-    }
-    CYCLES_LEFT
-        .iter()
-        .find(|(folder, size, _)| d == *folder && files.len() == *size)
-        .map(|(_, _, line)| *line)
-}
-
 #[test]
 fn no_file_imports_a_file_that_imports_it_back() {
     let files = read_tree();
     let graph = file_graph(&files);
     let mut msg = String::new();
-    let mut left = BTreeSet::new();
     for comp in cycles(&graph) {
         let set: BTreeSet<usize> = comp.iter().copied().collect();
-        let names: Vec<String> = set.iter().map(|&v| rel(&files[v].path)).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        if let Some(line) = known_cycle(&refs) {
-            left.insert(line);
-            continue;
-        }
         writeln!(msg, "a cycle of {} files:", comp.len()).unwrap();
         for &v in &set {
             for &w in graph[v].iter().filter(|w| set.contains(w)) {
                 writeln!(msg, "  {} -> {}", rel(&files[v].path), rel(&files[w].path)).unwrap();
             }
         }
-    }
-    for (_, _, line) in CYCLES_LEFT.iter().filter(|(_, _, l)| !left.contains(l)) {
-        writeln!(
-            msg,
-            "the cycle `{line}` is gone: remove it from CYCLES_LEFT"
-        )
-        .unwrap();
     }
     assert!(msg.is_empty(), "{msg}");
     assert!(files.len() > 60, "only {} files read", files.len());

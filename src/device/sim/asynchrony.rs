@@ -1,28 +1,7 @@
 //! The simulated GPU's asynchrony: streams, queued launches, the modelled host clock and events.
 
-use super::*;
-
-/// One queued "kernel".
-pub(super) struct Launch {
-    /// The stream's `submitted` count right after this launch was queued.
-    pub(super) seq: u64,
-    pub(super) ptr: DevPtr,
-    pub(super) len: u64,
-    /// Physical pages mapped under the range when it was launched, so that releasing one of
-    /// them while the launch is pending is caught even after the range was unmapped.
-    pub(super) pages: Vec<u64>,
-    /// With the modelled clock: when the GPU finishes it ([`SimDevice::launch_until`]); `None`
-    /// = only `complete` or a synchronising call finishes it.
-    pub(super) due_ns: Option<u64>,
-}
-
-#[derive(Default)]
-pub(super) struct Stream {
-    pub(super) submitted: u64,
-    pub(super) completed: u64,
-    /// Uncompleted launches, oldest first (so `seq` increases).
-    pub(super) pending: VecDeque<Launch>,
-}
+use super::state::*;
+use crate::device::{DevPtr, DeviceResult, EventHandle, StreamId};
 
 impl State {
     /// Uncompleted launches overlapping `[ptr, ptr+len)`.

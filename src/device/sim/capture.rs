@@ -22,32 +22,13 @@
 //!   mode around them, as `CudaDevice` does. That the cuda device really does so is shown over
 //!   the fake driver (`tests/fixtures/fakecuda.c`), which refuses them in global mode.
 
-use std::collections::{HashMap, HashSet};
-
-use super::*;
+use super::state::*;
+use crate::device::{DevPtr, DeviceError, DeviceResult, EventHandle, StreamId};
 
 /// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 const CAPTURE_UNSUPPORTED: i32 = 900;
 /// CUDA_ERROR_CAPTURED_EVENT.
 const CAPTURED_EVENT: i32 = 907;
-
-/// One captured "kernel" of a graph: its range and the physical pages under it at capture time.
-struct GraphLaunch {
-    ptr: DevPtr,
-    len: u64,
-    pages: Vec<u64>,
-}
-
-#[derive(Default)]
-pub(super) struct Captures {
-    /// Streams being captured now, with the graph each builds.
-    active: HashMap<StreamId, u64>,
-    /// Graphs being built or captured and not destroyed.
-    graphs: HashMap<u64, Vec<GraphLaunch>>,
-    next_graph: u64,
-    /// Events whose last record was on a capturing stream.
-    captured_events: HashSet<u64>,
-}
 
 fn refused(call: &'static str, code: i32, what: String) -> DeviceError {
     DeviceError::Driver {

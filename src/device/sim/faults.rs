@@ -1,17 +1,6 @@
 //! Failure injection: planned and random failures of chosen driver calls.
 
-use super::*;
-
-/// Planned failures.
-#[derive(Default)]
-pub(super) struct Faults {
-    /// Calls of each kind so far.
-    pub(super) calls: [u64; SimCall::COUNT],
-    /// `(kind, call number)` pairs that must fail.
-    pub(super) planned: Vec<(SimCall, u64)>,
-    /// xorshift64 state and "one in N", for Reserve/Create/Map.
-    pub(super) random: Option<(u64, u64)>,
-}
+use super::state::*;
 
 impl Faults {
     /// Counts a call of `kind` and returns its number.

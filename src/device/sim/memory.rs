@@ -1,37 +1,11 @@
 //! The simulated GPU's memory: reservations, physical pages, mappings, plain allocations and
 //! the host backing (a sparse memfd mapped at the device address), plus leak accounting.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::io;
 
-/// One physical page.
-pub(super) struct Page {
-    pub(super) size: u64,
-    /// Offset of its bytes in the memfd (backing only).
-    pub(super) offset: u64,
-    /// Its pieces mapped now: `(offset, size, va)` each (two may overlap: the same bytes mapped
-    /// at two addresses).
-    pub(super) maps: Vec<(u64, u64, DevPtr)>,
-}
-
-/// One successful `map` call.
-pub(super) struct Mapping {
-    pub(super) size: u64,
-    pub(super) page: u64,
-}
-
-/// The memfd behind every physical page of a device with backing, and which of its ranges are
-/// free. Pages may have any size that is a multiple of the granularity, so offsets come from a
-/// first-fit free list with coalescing; when the list has no hole big enough (fragmentation) the
-/// file simply grows past `capacity`: it is sparse, so its length costs nothing, and capacity is
-/// enforced by the byte accounting, not by the file.
-pub(super) struct Backing {
-    pub(super) fd: libc::c_int,
-    pub(super) file_len: u64,
-    /// Free holes below `end`: offset -> length.
-    pub(super) free: BTreeMap<u64, u64>,
-    /// Everything at and above `end` is free.
-    pub(super) end: u64,
-}
+use super::state::*;
+use crate::device::{DevPtr, DeviceError, DeviceResult, Piece};
 
 impl Backing {
     pub(super) fn open(capacity: u64) -> DeviceResult<Backing> {
@@ -181,10 +155,6 @@ pub(super) fn host_map_aligned(size: u64, align: u64, prot: libc::c_int) -> Opti
 pub(super) fn host_unmap(ptr: DevPtr, size: u64) {
     // SAFETY: callers pass only ranges this device mapped and no longer tracks as live.
     unsafe { libc::munmap(ptr as *mut libc::c_void, size as usize) };
-}
-
-pub(super) fn overlaps(a: DevPtr, a_len: u64, b: DevPtr, b_len: u64) -> bool {
-    a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
 }
 
 impl State {

@@ -2,7 +2,8 @@
 //! running and testing the arena without CUDA.
 //!
 //! This module owns three things, each a model of what the CUDA driver does, one file each
-//! (`memory.rs`, `asynchrony.rs`, `faults.rs`; stream capture is in `capture.rs`):
+//! (`memory.rs`, `asynchrony.rs`, `faults.rs`; stream capture is in `capture.rs`), over the
+//! records of `state.rs`:
 //! - **Memory.** Virtual address reservations, physical pages, mappings between them and plain
 //!   allocations, with the driver's contract checked strictly: a call that breaks it returns
 //!   [`DeviceError::Misuse`] naming the addresses and changes nothing (it is still counted in
@@ -41,8 +42,7 @@
 //! - with backing, each mapping is one host VMA, so `vm.max_map_count` (65530 by default) bounds
 //!   how many pages can be mapped at once.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io;
+use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 
@@ -55,132 +55,12 @@ mod asynchrony;
 mod capture;
 mod faults;
 mod memory;
+mod state;
 
 use self::asynchrony::*;
-use self::faults::*;
 use self::memory::*;
-
-/// Where the fake address space of a device without backing starts (an address no host
-/// allocation is likely to have, so a stray host write through it faults instead of corrupting).
-pub const FAKE_VA_BASE: DevPtr = 0x7e00_0000_0000;
-
-/// CUDA_ERROR_OUT_OF_MEMORY.
-const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
-/// CUDA_ERROR_UNKNOWN.
-const CUDA_ERROR_UNKNOWN: i32 = 999;
-
-/// How a simulated device is built.
-#[derive(Clone, Debug)]
-pub struct SimConfig {
-    pub ordinal: i32,
-    /// Device memory in bytes.
-    pub capacity: u64,
-    /// Physical allocation granularity in bytes, a power of two (a multiple of the host page
-    /// size when `backing` is on).
-    pub granularity: u64,
-    /// Back every page and plain allocation with real host memory at the same address.
-    pub backing: bool,
-    /// Whether the VMM calls (reserve, create_page, map, ...) are supported.
-    pub vmm: bool,
-}
-
-impl SimConfig {
-    /// Device 0 with VMM support.
-    pub fn new(capacity: u64, granularity: u64, backing: bool) -> SimConfig {
-        SimConfig {
-            ordinal: 0,
-            capacity,
-            granularity,
-            backing,
-            vmm: true,
-        }
-    }
-}
-
-/// The kinds of call whose failure can be injected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SimCall {
-    /// `reserve` (cuMemAddressReserve): fails with `OutOfMemory` (address space spent; the cuda
-    /// device reports CUDA_ERROR_OUT_OF_MEMORY from this call the same way).
-    Reserve,
-    /// `create_page` (cuMemCreate): fails with `OutOfMemory`.
-    Create,
-    /// `map`, its cuMemMap half: fails with `Driver { code: 999 }`.
-    Map,
-    /// `map`, its cuMemSetAccess half: fails with `Driver { code: 999 }`; nothing stays mapped.
-    SetAccess,
-    /// `alloc_plain` (cuMemAlloc): fails with `OutOfMemory`.
-    AllocPlain,
-    /// `create_event` (cuEventCreate): fails with `Driver { code: 2 }`.
-    EventCreate,
-    /// `free_plain` (cuMemFree): fails with `Driver { code: 999 }`; the allocation stays live.
-    FreePlain,
-}
-
-impl SimCall {
-    const COUNT: usize = 7;
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The error an injected failure of this call returns.
-    fn injected_error(self) -> DeviceError {
-        let driver = |call, code| DeviceError::Driver {
-            call,
-            code,
-            message: "injected failure".to_string(),
-        };
-        match self {
-            SimCall::Reserve | SimCall::Create | SimCall::AllocPlain => DeviceError::OutOfMemory,
-            SimCall::Map => driver("cuMemMap", CUDA_ERROR_UNKNOWN),
-            SimCall::SetAccess => driver("cuMemSetAccess", CUDA_ERROR_UNKNOWN),
-            SimCall::EventCreate => driver("cuEventCreate", CUDA_ERROR_OUT_OF_MEMORY),
-            SimCall::FreePlain => driver("cuMemFree", CUDA_ERROR_UNKNOWN),
-        }
-    }
-}
-
-/// A simulated GPU. See the module documentation.
-pub struct SimDevice {
-    info: DeviceInfo,
-    state: Mutex<State>,
-}
-
-struct State {
-    capacity: u64,
-    granularity: u64,
-    vmm: bool,
-    counters: DriverCounters,
-    backing: Option<Backing>,
-    /// Next free address of the fake address space (no backing). Never reused.
-    next_fake_va: DevPtr,
-    /// Live reservations: start -> size.
-    reservations: BTreeMap<DevPtr, u64>,
-    /// Live mappings: start -> mapping.
-    mappings: BTreeMap<DevPtr, Mapping>,
-    pages: HashMap<u64, Page>,
-    next_page: u64,
-    /// Live plain allocations: start -> size.
-    plain: BTreeMap<DevPtr, u64>,
-    /// Live events: handle -> `(stream, submitted count)` of the last record, if any.
-    events: HashMap<u64, Option<(StreamId, u64)>>,
-    next_event: u64,
-    streams: HashMap<StreamId, Stream>,
-    used: u64,
-    violations: Vec<String>,
-    faults: Faults,
-    /// Streams in capture and the graphs they built (`capture.rs`).
-    captures: capture::Captures,
-    /// The modelled host clock ([`SimDevice::advance_to`]), in nanoseconds.
-    now_ns: u64,
-    /// Host time spent blocked in synchronising calls waiting for launches not yet due.
-    stall_ns: u64,
-}
-
-fn misuse(what: String) -> DeviceError {
-    DeviceError::Misuse(what)
-}
+use self::state::*;
+pub use self::state::{FAKE_VA_BASE, SimCall, SimConfig, SimDevice};
 
 impl SimDevice {
     /// Builds a simulated device. Fails with `Misuse` for a zero capacity, a granularity that is
@@ -226,7 +106,7 @@ impl SimDevice {
             used: 0,
             violations: Vec::new(),
             faults: Faults::default(),
-            captures: capture::Captures::default(),
+            captures: Captures::default(),
             now_ns: 0,
             stall_ns: 0,
         };
