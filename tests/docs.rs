@@ -1,6 +1,7 @@
 //! The docs stay true to the code: every configuration key the parser accepts is in the README's
 //! table, and the table names no key the parser would refuse; every shipped snapshot is in
-//! NOTICE; every section of a document that a code comment cites exists.
+//! NOTICE; every section of a document that a code comment cites exists; every link of the
+//! top-level documents resolves.
 
 use torch_arena::config::{Config, accepted_keys};
 
@@ -217,4 +218,67 @@ fn every_section_a_code_comment_cites_exists() {
     assert!(missing.is_empty(), "{}", missing.join("\n"));
     // The reader finds the citations (a dozen are known): it is not passing by reading none.
     assert!(checked >= 10, "only {checked} citations found");
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to hyphens, punctuation other than `-` and
+/// `_` dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every relative link of README.md, ARCHITECTURE.md and BENCHMARKS.md names a file of the
+/// repository, and every `#anchor` one of its headings: the status table and the docs index
+/// point somewhere.
+#[test]
+fn every_link_of_the_top_level_docs_resolves() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for doc in ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            let tail = &rest[at + 2..];
+            let Some(end) = tail.find(')') else { break };
+            let target = &tail[..end];
+            rest = &tail[end..];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let path = if file.is_empty() {
+                root.join(doc)
+            } else {
+                root.join(file)
+            };
+            checked += 1;
+            if !path.exists() {
+                broken.push(format!("{doc}: link to {target}: no file {file}"));
+                continue;
+            }
+            if !frag.is_empty() {
+                let linked = std::fs::read_to_string(&path).unwrap_or_default();
+                let found = linked
+                    .lines()
+                    .filter_map(|l| l.strip_prefix('#'))
+                    .map(|h| anchor(h.trim_start_matches('#')))
+                    .any(|a| a == frag);
+                if !found {
+                    broken.push(format!(
+                        "{doc}: link to {target}: no heading with that anchor"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    assert!(checked >= 20, "only {checked} links found");
 }
