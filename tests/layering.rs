@@ -714,3 +714,54 @@ fn plugin_files_stay_short() {
     }
     assert!(long.is_empty(), "{}", long.join("\n"));
 }
+
+/// The arena's statistics change in one file: `accounting.rs` holds every update (`count_alloc`,
+/// `count_free`, `count_created`, ...); the other files call it, and read `stats` at most.
+#[test]
+fn arena_statistics_change_only_in_accounting() {
+    let dir = repo().join("src/arena");
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name == "accounting.rs" || !name.ends_with(".rs") {
+            continue;
+        }
+        let code = without_unit_tests(&strip(&std::fs::read_to_string(&path).unwrap()));
+        // `stats.<field>.increase(` and the like, `stats.<field> += 1`, `stats.reset_...(`.
+        let flat: String = code.split_whitespace().collect::<Vec<_>>().join("");
+        let mut rest = flat.as_str();
+        while let Some(at) = rest.find("stats.") {
+            let tail = &rest[at + "stats.".len()..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                .unwrap_or(tail.len());
+            let path_part = &tail[..end];
+            let next = &tail[end..];
+            let mutating = [
+                "increase",
+                "decrease",
+                "transfer",
+                "reset_peak",
+                "reset_accumulated",
+            ]
+            .iter()
+            .any(|m| path_part.ends_with(m))
+                || next.starts_with("+=")
+                || next.starts_with("-=")
+                || (next.starts_with('=') && !next.starts_with("=="));
+            if mutating {
+                found.push(format!(
+                    "{name}: stats.{path_part}{}",
+                    &next[..next.len().min(2)]
+                ));
+            }
+            rest = &tail[end..];
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "stats updated outside accounting.rs:\n{}",
+        found.join("\n")
+    );
+}

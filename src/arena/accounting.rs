@@ -65,6 +65,80 @@ impl Inner {
         held
     }
 
+    // -----------------------------------------------------------------------------------------
+    // Every update of `stats` goes through these (tests/layering.rs holds the other files to it).
+
+    /// A new live allocation of a `block`-byte block for a request of `size` bytes.
+    #[inline]
+    pub(super) fn count_alloc(&mut self, pool: Pool, size: u64, block: u64) {
+        let st = &mut self.stats;
+        st.allocation.increase(pool, 1);
+        st.active.increase(pool, 1);
+        st.allocated_bytes.increase(pool, block as i64);
+        st.active_bytes.increase(pool, block as i64);
+        st.requested_bytes.increase(pool, size as i64);
+        self.update_inactive_split(pool);
+    }
+
+    /// A live allocation freed: its `block` bytes, for a request of `requested` bytes.
+    #[inline]
+    pub(super) fn count_free(&mut self, pool: Pool, requested: u64, block: u64) {
+        let st = &mut self.stats;
+        st.allocation.decrease(pool, 1);
+        st.allocated_bytes.decrease(pool, block as i64);
+        st.requested_bytes.decrease(pool, requested as i64);
+    }
+
+    /// A block or slab slot of `bytes` no longer active (its memory free for reuse).
+    #[inline]
+    pub(super) fn count_inactive(&mut self, pool: Pool, bytes: i64) {
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, bytes);
+    }
+
+    /// One handle (or plain segment) of `bytes` created by the driver.
+    pub(super) fn count_created(&mut self, pool: Pool, bytes: u64) {
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, bytes as i64);
+        self.stats.num_device_alloc += 1;
+    }
+
+    /// One handle (or plain segment) of `bytes` given back to the driver.
+    pub(super) fn count_released(&mut self, pool: Pool, bytes: u64) {
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, bytes as i64);
+        self.stats.num_device_free += 1;
+    }
+
+    /// A request that ran out of memory.
+    pub(super) fn count_oom(&mut self) {
+        self.stats.num_ooms += 1;
+    }
+
+    /// A request retried after waiting for every stream (PyTorch's `num_alloc_retries`).
+    pub(super) fn count_retry(&mut self) {
+        self.stats.num_alloc_retries += 1;
+    }
+
+    /// A synchronisation of every stream (PyTorch's `num_sync_all_streams`).
+    pub(super) fn count_sync_all(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+    }
+
+    /// `reset_peak_memory_stats`: every peak back to its current value; the most bytes ever
+    /// requested at once is kept (`requested_high`) for the growth rules, which must not forget
+    /// it.
+    pub(super) fn reset_peaks(&mut self) {
+        self.requested_high = self.requested_high();
+        self.stats.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats`: the allocated and freed totals and the scalar counters
+    /// back to zero.
+    pub(super) fn reset_accumulated(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
     /// Pages mapped under slabs count as small-pool segments, all others as large: a page moving
     /// between them moves its allocation from one pool to the other; the device-wide row (`all`)
     /// stays the pools' sum and counts one page created once ([`crate::stats::StatArray::transfer`]).
@@ -175,5 +249,15 @@ impl Inner {
             pending_frees: self.pending.len() as u64,
             growth: self.growth,
         }
+    }
+}
+
+/// Set a derived statistic's current value, keeping peak and totals in step.
+fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
+    let delta = value - arr.pool(pool).current;
+    if delta > 0 {
+        arr.increase(pool, delta);
+    } else if delta < 0 {
+        arr.decrease(pool, -delta);
     }
 }

@@ -59,7 +59,7 @@ impl Inner {
 
     /// The out-of-memory error for a request of `size` bytes, counted.
     pub(super) fn out_of_memory(&mut self, size: u64) -> Error {
-        self.stats.num_ooms += 1;
+        self.count_oom();
         Error::OutOfMemory(self.oom_message(size))
     }
 

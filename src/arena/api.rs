@@ -203,9 +203,7 @@ impl Arena {
     }
 
     pub fn reset_peak_stats(&self) {
-        let mut g = self.inner.lock();
-        g.requested_high = g.requested_high();
-        g.stats.reset_peak();
+        self.inner.lock().reset_peaks();
     }
 
     /// Where the physical pages are: in use, idle mapped, held unused, pooled (also in
@@ -222,7 +220,7 @@ impl Arena {
     }
 
     pub fn reset_accumulated_stats(&self) {
-        self.inner.lock().stats.reset_accumulated();
+        self.inner.lock().reset_accumulated();
     }
 
     /// Pages lent now: idle pages of a mapping a live block pins, mapped a second time where a

@@ -318,7 +318,7 @@ impl Inner {
     /// proven unused and every pending free completes.
     pub(super) fn synchronize_device(&mut self) -> std::result::Result<(), DeviceError> {
         self.dev.synchronize()?;
-        self.stats.num_sync_all_streams += 1;
+        self.count_sync_all();
         // Pending frees first: the pages they make idle are covered too.
         self.finish_pending(true);
         let seq = self.seq;

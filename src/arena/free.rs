@@ -35,10 +35,7 @@ impl Inner {
             }
         };
         let pool = found.pool();
-        let st = &mut self.stats;
-        st.allocation.decrease(pool, 1);
-        st.allocated_bytes.decrease(pool, block as i64);
-        st.requested_bytes.decrease(pool, requested as i64);
+        self.count_free(pool, requested, block);
         let extra = if self.recorded.is_empty() {
             None
         } else {

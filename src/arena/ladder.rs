@@ -23,7 +23,7 @@ impl Inner {
                 // Wait for every stream so pending frees finish and every idle page is safe to
                 // move, then take pages from anywhere.
                 Escalation::SynchronizeAll => {
-                    self.stats.num_alloc_retries += 1;
+                    self.count_retry();
                     tracing::debug!(
                         device = self.info.ordinal,
                         size,
@@ -172,11 +172,7 @@ impl Inner {
         if let Some(k) = self.shared_handles.remove(&h.0) {
             self.shared_pages -= k as u64;
         }
-        self.stats.segment.decrease(Pool::Large, 1);
-        self.stats
-            .reserved_bytes
-            .decrease(Pool::Large, (k as u64 * self.page) as i64);
-        self.stats.num_device_free += 1;
+        self.count_released(Pool::Large, k as u64 * self.page);
         Ok(())
     }
 
@@ -197,9 +193,7 @@ impl Inner {
         self.forget_region(id);
         self.streams[s as usize].regions.retain(|&r| r != id);
         self.free_regions.push(id);
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, len as i64);
-        self.stats.num_device_free += 1;
+        self.count_released(pool, len);
         Ok(())
     }
 

@@ -34,7 +34,8 @@
 //! - `streams.rs`: the stream index and the retirement of idle streams;
 //! - `capture.rs`: private pools (CUDA graph capture): their states, pinned pages, release, and
 //!   what the arena must not do while a stream is captured (the pools' records: `pool.rs`);
-//! - `accounting.rs`: derived statistics and summary extras; `check.rs`: consistency checks;
+//! - `accounting.rs`: every update of the statistics, derived statistics and summary extras;
+//!   `check.rs`: consistency checks;
 //! - `heap.rs` (with its `size_index.rs`), `slab.rs`, `size_class.rs`, `int_map.rs`, `layout.rs`:
 //!   the data structures and the layout report those use (the other reports are
 //!   `stats::report`'s).
@@ -462,16 +463,6 @@ fn partial(used: u32, slots: u32) -> i64 {
 #[inline]
 fn bucket_of(used: u32, slots: u32) -> u8 {
     ((used as u64 * BUCKETS as u64) / slots as u64).min(BUCKETS as u64 - 1) as u8
-}
-
-/// Set a derived statistic's current value, keeping peak and totals in step.
-fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
-    let delta = value - arr.pool(pool).current;
-    if delta > 0 {
-        arr.increase(pool, delta);
-    } else if delta < 0 {
-        arr.decrease(pool, -delta);
-    }
 }
 
 #[cfg(test)]

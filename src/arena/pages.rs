@@ -63,9 +63,7 @@ impl Inner {
                 let _ = self.dev.free_plain(base);
                 return Err(Miss::Device(address_zero("cuMemAlloc")));
             }
-            self.stats.segment.increase(pool, 1);
-            self.stats.reserved_bytes.increase(pool, len as i64);
-            self.stats.num_device_alloc += 1;
+            self.count_created(pool, len);
             self.count_growth(len, true);
             (base, len, true)
         };
@@ -524,11 +522,7 @@ impl Inner {
                             self.shared_handles.insert(h.0, k);
                             self.shared_pages += k as u64;
                         }
-                        self.stats.segment.increase(Pool::Large, 1);
-                        self.stats
-                            .reserved_bytes
-                            .increase(Pool::Large, (k as u64 * self.page) as i64);
-                        self.stats.num_device_alloc += 1;
+                        self.count_created(Pool::Large, k as u64 * self.page);
                         self.count_growth(k as u64 * self.page, false);
                         got.push(Run::whole(h, k));
                         have += k;

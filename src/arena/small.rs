@@ -37,18 +37,6 @@ impl Inner {
         Ok((ptr, slot))
     }
 
-    /// A new live allocation of a `block`-byte block for a request of `size` bytes.
-    #[inline]
-    pub(super) fn count_alloc(&mut self, pool: Pool, size: u64, block: u64) {
-        let st = &mut self.stats;
-        st.allocation.increase(pool, 1);
-        st.active.increase(pool, 1);
-        st.allocated_bytes.increase(pool, block as i64);
-        st.active_bytes.increase(pool, block as i64);
-        st.requested_bytes.increase(pool, size as i64);
-        self.update_inactive_split(pool);
-    }
-
     /// The current slab of class `ci` is full (or absent): make the fullest partial slab current,
     /// or carve a new one.
     pub(super) fn next_slab(
@@ -152,8 +140,7 @@ impl Inner {
         let size = slab.slot_size as i64;
         let (s, ci) = (slab.stream, slab.class as usize);
         self.partial_slabs += partial(used - 1, slots) - partial(used, slots);
-        self.stats.active.decrease(Pool::Small, 1);
-        self.stats.active_bytes.decrease(Pool::Small, size);
+        self.count_inactive(Pool::Small, size);
         let is_current = self.streams[s as usize].classes[ci].current == Some(id);
         if used == 1 {
             self.nonempty_slab_bytes -= self.slabs[id as usize].span;
