@@ -7,6 +7,7 @@ use std::sync::Arc;
 use once_cell::sync::OnceCell;
 
 use crate::arena::{Arena, ArenaExtras, PoolId, ReclaimReport};
+use crate::block::PoolCall;
 use crate::config::{Config, DeviceKind};
 use crate::device::{DevPtr, Device, DeviceError, StreamId, cuda::CudaDevice, sim::SimDevice};
 use crate::error::{Error, PointerFault, Result};
@@ -195,17 +196,23 @@ impl TorchArena {
 
     /// `beginAllocateToPool(device, pool, filter)`, less the filter (the shim keeps it).
     pub fn begin_pool(&self, device: i32, pool: PoolId) -> Result<()> {
-        self.arena(device)?.begin_pool(pool)
+        self.pool_call(device, pool, PoolCall::Begin)
     }
 
     /// `endAllocateToPool(device, pool)`.
     pub fn end_pool(&self, device: i32, pool: PoolId) -> Result<()> {
-        self.arena(device)?.end_pool(pool)
+        self.pool_call(device, pool, PoolCall::End)
     }
 
     /// `releasePool(device, pool)`.
     pub fn release_pool(&self, device: i32, pool: PoolId) -> Result<()> {
-        self.arena(device)?.release_pool(pool)
+        self.pool_call(device, pool, PoolCall::Release)
+    }
+
+    /// A private pool call, down the same stack as an allocation.
+    fn pool_call(&self, device: i32, pool: PoolId, call: PoolCall) -> Result<()> {
+        let arena = self.arena(device)?;
+        self.stack(arena, device).pool(pool, call)
     }
 
     fn malloc_in(
@@ -270,11 +277,10 @@ impl TorchArena {
         }
     }
 
-    /// The arena that owns `ptr`, among the devices opened so far.
-    fn owner(&self, ptr: DevPtr) -> Result<&Arena> {
+    /// The arena that owns `ptr`, among the devices opened so far, and its device.
+    fn owner(&self, ptr: DevPtr) -> Result<(i32, &Arena)> {
         self.open_arenas()
-            .map(|(_, a)| a)
-            .find(|a| a.owns(ptr))
+            .find(|(_, a)| a.owns(ptr))
             .ok_or_else(|| {
                 Error::BadPointer(
                     PointerFault::Unknown,
@@ -286,17 +292,14 @@ impl TorchArena {
     /// `tensor.record_stream(s)`: the allocation at `ptr` is also used on `stream`.
     pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
         self.refuse_in_forked_child()?;
-        let arena = self.owner(ptr)?;
-        arena.record_stream(ptr, stream)?;
-        if let Ok((base, _)) = arena.base_alloc(ptr) {
-            self.track.note_record_stream(base);
-        }
+        let (device, arena) = self.owner(ptr)?;
+        self.stack(arena, device).record_stream(ptr, stream)?;
         Ok(())
     }
 
     /// The allocation that contains `ptr`: its base pointer and size.
     pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
-        self.owner(ptr)?.base_alloc(ptr)
+        self.owner(ptr)?.1.base_alloc(ptr)
     }
 
     /// `torch.cuda.empty_cache()`: every cached page goes back to the driver, on every device.

@@ -1,5 +1,5 @@
 //! The values every layer of the allocation stack passes: a [`Request`] going down, a [`Block`]
-//! coming back, and the [`PoolId`] of a private pool. A leaf: the arena, the layers around it
+//! coming back, and the [`PoolId`] of a private pool with the [`PoolCall`]s made on it. A leaf: the arena, the layers around it
 //! (`resource`), the tracker and the lab all use these, and it uses nothing of theirs.
 
 use crate::device::{DevPtr, StreamId};
@@ -30,4 +30,13 @@ pub struct Block {
     pub ptr: DevPtr,
     pub size: u64,
     pub seq: u64,
+}
+
+/// A call on a private pool: PyTorch's `beginAllocateToPool`, `endAllocateToPool` and
+/// `releasePool` (the capture filter stays in the C++ shim).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolCall {
+    Begin,
+    End,
+    Release,
 }

@@ -10,9 +10,9 @@
 //! the GIL, and no lock of ours may be held then.
 
 use crate::arena::Arena;
-use crate::block::Block;
 pub use crate::block::Request;
-use crate::device::{DevPtr, StreamId};
+use crate::block::{Block, PoolCall, PoolId};
+use crate::device::{DevPtr, DeviceError, StreamId};
 use crate::error::{Error, PointerFault, Result};
 use crate::record::Recorder;
 use crate::track::Tracker;
@@ -28,6 +28,23 @@ pub trait Resource {
     fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()>;
     /// Physical bytes held.
     fn reserved(&self) -> u64;
+    /// `recordStream`: the block containing `ptr` is used on `stream` too, so its memory is
+    /// reused only once that stream's work queued before its free has finished. The block's base
+    /// when it is still live (a concurrent free may have ended it since). A resource without
+    /// streams cannot honour it and says so.
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+        let _ = stream;
+        Err(Error::Device(DeviceError::Misuse(format!(
+            "record_stream({ptr:#x}): this resource does not order memory by stream"
+        ))))
+    }
+    /// A call on private pool `id` (CUDA graph capture). A resource without private pools
+    /// refuses it.
+    fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
+        Err(Error::Device(DeviceError::Misuse(format!(
+            "{call:?} on pool {id:?}: this resource has no private pools"
+        ))))
+    }
 }
 
 /// Whether a free that returned `r` freed the block (only a size mismatch is an error that
@@ -59,6 +76,19 @@ impl Resource for Arena {
     fn reserved(&self) -> u64 {
         self.stats().reserved_bytes.all().current as u64
     }
+
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+        Arena::record_stream(self, ptr, stream)?;
+        Ok(self.base_alloc(ptr).ok().map(|(base, _)| base))
+    }
+
+    fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
+        match call {
+            PoolCall::Begin => self.begin_pool(id),
+            PoolCall::End => self.end_pool(id),
+            PoolCall::Release => self.release_pool(id),
+        }
+    }
 }
 
 impl<R: Resource + ?Sized> Resource for &R {
@@ -74,6 +104,14 @@ impl<R: Resource + ?Sized> Resource for &R {
 
     fn reserved(&self) -> u64 {
         (**self).reserved()
+    }
+
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+        (**self).record_stream(ptr, stream)
+    }
+
+    fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
+        (**self).pool(id, call)
     }
 }
 
@@ -124,6 +162,20 @@ impl<R: Resource> Resource for Tracked<'_, R> {
     fn reserved(&self) -> u64 {
         self.inner.reserved()
     }
+
+    /// Marks the block as used on another stream in the live table too (its leak report says
+    /// so).
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+        let base = self.inner.record_stream(ptr, stream)?;
+        if let Some(base) = base {
+            self.tracker.note_record_stream(base);
+        }
+        Ok(base)
+    }
+
+    fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
+        self.inner.pool(id, call)
+    }
 }
 
 /// `inner`, with every successful alloc and free of `device` written to `recorder` (when there
@@ -164,5 +216,15 @@ impl<R: Resource> Resource for Recorded<'_, R> {
 
     fn reserved(&self) -> u64 {
         self.inner.reserved()
+    }
+
+    /// Not in the trace format (a replay has no streams' work to wait for): passed on.
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+        self.inner.record_stream(ptr, stream)
+    }
+
+    /// Not in the trace format: passed on.
+    fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
+        self.inner.pool(id, call)
     }
 }

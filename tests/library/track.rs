@@ -543,3 +543,53 @@ fn tracked_block_sizes_are_the_arenas_own_whatever_the_slab_threshold() {
         }
     }
 }
+
+/// `record_stream` goes down the same stack as an allocation (`Resource::record_stream`): the
+/// arena defers the block's reuse and the tracking layer marks its live entry, found from an
+/// interior pointer; a resource with no streams refuses the call by name, as one with no private
+/// pools refuses pool calls.
+#[test]
+fn record_stream_and_pool_calls_pass_through_the_stack() {
+    use torch_arena::block::{Block, PoolCall, Request};
+    use torch_arena::resource::Resource;
+
+    let a = arena(",leaks:True");
+    let p = a.malloc(3 << 20, 0, 5).unwrap();
+    assert!(!a.tracker().entry(0, p).unwrap().recorded);
+    a.record_stream(p + 4096, 9).unwrap();
+    assert!(
+        a.tracker().entry(0, p).unwrap().recorded,
+        "marked from an interior pointer"
+    );
+    // A pointer no arena handed out is refused before any layer acts.
+    assert!(a.record_stream(0xdead_0000, 9).is_err());
+    // Pool calls: begin, end and release through the stack, in PyTorch's order.
+    a.begin_pool(0, (1, 2)).unwrap();
+    a.end_pool(0, (1, 2)).unwrap();
+    a.release_pool(0, (1, 2)).unwrap();
+    a.free(p, 3 << 20, 0, 5).unwrap();
+
+    struct Plain;
+    impl Resource for Plain {
+        fn alloc(&self, req: &Request) -> torch_arena::Result<Block> {
+            Ok(Block {
+                ptr: 0x1000,
+                size: req.size,
+                seq: 1,
+            })
+        }
+        fn free(&self, _: u64, _: u64, _: u64) -> torch_arena::Result<()> {
+            Ok(())
+        }
+        fn reserved(&self) -> u64 {
+            0
+        }
+    }
+    let e = Plain.record_stream(0x1000, 3).unwrap_err().to_string();
+    assert!(
+        e.contains("record_stream(0x1000)") && e.contains("stream"),
+        "{e}"
+    );
+    let e = Plain.pool((4, 5), PoolCall::End).unwrap_err().to_string();
+    assert!(e.contains("End on pool (4, 5)"), "{e}");
+}
