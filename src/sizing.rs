@@ -1,8 +1,8 @@
-//! PyTorch's sizing rules for its native caching allocator (`CUDACachingAllocator.cpp`; the
-//! rules are quoted in `reference/pytorch-pluggable-allocator.md` §6): how a request is rounded
-//! and how large a segment it would take. One leaf that both sides use: the arena prices its
-//! growth against what native would have paid (`arena::accounting`), and the lab emulates native
-//! on a trace (`torch_arena_lab::native`).
+//! PyTorch's sizing rules for its native caching allocator (`c10/cuda/CUDACachingAllocator.cpp`:
+//! `kMinBlockSize`, `kSmallSize`, `kSmallBuffer`, `kMinLargeAlloc`, `kRoundLarge`, `round_size`,
+//! `get_allocation_size`): how a request is rounded and how large a segment it would take. One
+//! leaf that both sides use: the arena prices its growth against what native would have paid
+//! (`arena::accounting`), and the lab emulates native on a trace (`torch_arena_lab::native`).
 
 /// `kMinBlockSize`: every block is a multiple of this.
 pub const MIN_BLOCK: u64 = 512;
