@@ -1,5 +1,5 @@
 //! Whole-file output that is never seen half-written: every file the crate and the
-//! `torch-arena` command write (`convert -o`, `synth -o`, plots) goes through [`write`].
+//! `torch-arena` command write (`convert -o`, `synth -o`, plots) goes through [`write()`].
 //!
 //! The bytes go to a temporary file beside the target (`.NAME.tmp-PID-N`, same folder, so the
 //! rename stays on one file system), which is flushed, `fsync`ed and then renamed over the

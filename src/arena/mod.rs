@@ -1,12 +1,12 @@
 //! The arena of one device: how bytes are handed out.
 //!
-//! - Requests ≤ 1 MiB take a slot of a size class ([`size_class`]) in a slab ([`slab`]) of
+//! - Requests ≤ 1 MiB take a slot of a size class (`size_class.rs`) in a slab (`slab.rs`) of
 //!   whole 64 KiB chunks (from 64 KiB to 4 pages). Slabs of one stream pack next to each other in
 //!   its small-pool heap, so slabs of different classes share physical pages; a page stays mapped
 //!   while any slab on it lives. Each class fills its *current* slab, then the fullest partial
 //!   slab, so emptier slabs drain and dissolve, and a page whose last slab dissolves goes idle.
 //! - Larger requests take a 512-byte-granular block from a best-fit, coalescing heap of virtual
-//!   addresses ([`heap`]). Physical pages are mapped under a block only where none is mapped yet;
+//!   addresses (`heap.rs`). Physical pages are mapped under a block only where none is mapped yet;
 //!   any free physical page can back any new range (stitching), so free memory is never stranded
 //!   by address-space fragmentation. Medium sizes pack next to each other instead of each rounding
 //!   up to whole pages; freed blocks keep their pages mapped, so the next request of the same size

@@ -42,7 +42,7 @@ pub const CUDA_GRANULARITY_MB: u64 = 2;
 /// Longest piece of user text an error message repeats.
 pub(super) const ECHO_MAX: usize = 80;
 
-/// `text` as an error message repeats it: at most [`ECHO_MAX`] bytes, then how long it was.
+/// `text` as an error message repeats it: at most `ECHO_MAX` (80) bytes, then how long it was.
 pub fn clip(text: &str) -> String {
     if text.len() <= ECHO_MAX {
         return text.to_string();

@@ -1,12 +1,12 @@
 //! Allocation traces: the event model every importer produces and the replayer consumes.
 //!
-//! Sources: our own recordings ([`format`], written by the plugin with `trace:PATH`), PyTorch
-//! memory snapshots ([`torch_snapshot`], read through the restricted unpickler in [`pickle`]),
-//! RMM `logging_resource_adaptor` CSV logs ([`rmm`]) and synthetic workloads ([`synth`]).
-//! [`load`] picks the importer from the file's content. [`replay`] runs a trace through the arena
-//! on a simulated device; [`native`] emulates PyTorch's native caching allocator on the same
-//! trace; [`fit`] finds the smallest device each needs; [`plot`] draws both; [`live`] lists what
-//! is live at the peak or before an event, by site.
+//! Sources: our own recordings ([`format`](mod@format), written by the plugin with `trace:PATH`),
+//! PyTorch memory snapshots ([`torch_snapshot`], read through the restricted unpickler in
+//! [`pickle`]), RMM `logging_resource_adaptor` CSV logs ([`rmm`]) and synthetic workloads
+//! ([`synth`]). [`load`] picks the importer from the file's content. [`replay`] runs a trace
+//! through the arena on a simulated device; [`native`] emulates PyTorch's native caching allocator
+//! on the same trace; [`fit`] finds the smallest device each needs; [`plot`] draws both; [`live`]
+//! lists what is live at the peak or before an event, by site.
 
 pub mod fit;
 pub mod format;

@@ -39,7 +39,7 @@ pub struct NativeOptions {
     pub expandable_segments: bool,
     /// `large_segment_size_mb` in bytes (default 20 MiB).
     pub large_segment_size: u64,
-    /// `roundup_power2_divisions`, one entry per interval (see [`ROUNDUP_INTERVALS`]); 0 or 1 =
+    /// `roundup_power2_divisions`, one entry per interval (see `ROUNDUP_INTERVALS`); 0 or 1 =
     /// plain 512-byte rounding.
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
     /// `garbage_collection_threshold` (0 = off). Acts only under a memory fraction, as in PyTorch

@@ -5,8 +5,8 @@
 //! day); `Pointer` and `Stream` are hex (`0x…`) or decimal; actions `allocate`, `free` and
 //! `allocate failure`.
 //!
-//! - `allocate` → [`Op::Alloc`], `free` → [`Op::Free`] of the live allocation at that pointer;
-//!   each allocation gets a fresh id (pointers are reused).
+//! - `allocate` → [`Op::Alloc`](crate::Op::Alloc), `free` → [`Op::Free`](crate::Op::Free) of
+//!   the live allocation at that pointer; each allocation gets a fresh id (pointers are reused).
 //! - A `free` of a pointer the log never allocated was allocated before logging began: it is
 //!   seeded (allocated first, sized by the free's `Size`) and the trace is [`Kind::Partial`];
 //!   otherwise [`Kind::Fresh`].
