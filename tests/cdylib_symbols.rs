@@ -1,7 +1,7 @@
 //! The cdylib PyTorch loads carries the plugin only: no code of the lab (trace importers and the
 //! unpickler, the native emulation, replay, fit, plots) and none of the libraries only the lab
-//! and the command use. Its symbol table and strings are searched as bytes, so a mangled name, a
-//! panic location or a message from the lab would all be found.
+//! and the command use (flate2, plotters, indicatif). Its symbol table and strings are searched
+//! as bytes, so a mangled name, a panic location or a message from the lab would all be found.
 
 #[path = "common/cdylib.rs"]
 mod cdylib;
@@ -30,6 +30,7 @@ fn the_cdylib_links_none_of_the_lab() {
         "crates/lab/",
         "unpickl",
         "plotters",
+        "indicatif",
         "flate2",
         "miniz_oxide::deflate",
     ] {

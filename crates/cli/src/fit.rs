@@ -210,11 +210,10 @@ fn run_fits(s: &FitSettings, traces: &[TraceArg]) -> CliResult<u8> {
                 let ready = results.lock().unwrap_or_else(|p| p.into_inner())[printed].take();
                 match ready {
                     Some(r) => {
-                        bar.clear();
                         if let Ok(TraceFit { plot: Some(p), .. }) = &r {
                             plots.push(p.clone());
                         }
-                        match print_trace_fit(s, &traces[printed], r) {
+                        match bar.suspend(|| print_trace_fit(s, &traces[printed], r)) {
                             Ok(f) => failed |= f,
                             Err(e) => {
                                 write_error = Some(e);

@@ -1,62 +1,113 @@
-//! Progress on stderr: a bar with a rate and an ETA, and a spinner for work that reports no
-//! progress.
+//! Progress on stderr, drawn by indicatif: a bar with a rate and an ETA, and a spinner for work
+//! that reports no progress. Shown when stderr is a terminal or `--progress` asks for it.
 
-use std::io::Write;
-use std::sync::mpsc;
+use std::io::{self, IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressDrawTarget, ProgressState, ProgressStyle, TermLike};
 
 use crate::text::fmt_rate;
 
-use std::time::{Duration, Instant};
-
-/// Whether progress goes to stderr.
+/// Whether progress goes to stderr unless told.
 pub(crate) fn stderr_is_terminal() -> bool {
-    // SAFETY: isatty only inspects the descriptor.
-    unsafe { libc::isatty(2) == 1 }
+    io::stderr().is_terminal()
 }
 
-/// The time left at the rate so far, as "ETA 12 s", "ETA 3 min 5 s" ("" before any progress).
-pub(crate) fn eta_text(done: usize, total: usize, elapsed: Duration) -> String {
-    if done == 0 || done >= total {
-        return String::new();
+/// stderr as indicatif's terminal, drawn to whether or not it is one (indicatif's own stderr
+/// target hides itself when stderr is not a terminal, which would ignore `--progress`). One
+/// line, redrawn in place with ANSI sequences.
+#[derive(Debug)]
+struct Stderr;
+
+impl Stderr {
+    fn ansi(&self, n: usize, code: char) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.write_str(&format!("\x1b[{n}{code}"))
     }
-    let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
-    let secs = left.ceil() as u64;
-    if secs < 60 {
-        format!("ETA {secs} s")
-    } else if secs < 3600 {
-        format!("ETA {} min {} s", secs / 60, secs % 60)
+}
+
+impl TermLike for Stderr {
+    fn width(&self) -> u16 {
+        100
+    }
+    fn move_cursor_up(&self, n: usize) -> io::Result<()> {
+        self.ansi(n, 'A')
+    }
+    fn move_cursor_down(&self, n: usize) -> io::Result<()> {
+        self.ansi(n, 'B')
+    }
+    fn move_cursor_right(&self, n: usize) -> io::Result<()> {
+        self.ansi(n, 'C')
+    }
+    fn move_cursor_left(&self, n: usize) -> io::Result<()> {
+        self.ansi(n, 'D')
+    }
+    fn write_line(&self, s: &str) -> io::Result<()> {
+        writeln!(io::stderr().lock(), "{s}")
+    }
+    fn write_str(&self, s: &str) -> io::Result<()> {
+        io::stderr().lock().write_all(s.as_bytes())
+    }
+    fn clear_line(&self) -> io::Result<()> {
+        self.write_str("\r\x1b[2K")
+    }
+    fn flush(&self) -> io::Result<()> {
+        io::stderr().flush()
+    }
+}
+
+/// stderr, drawn to at most ten times a second.
+fn target() -> ProgressDrawTarget {
+    ProgressDrawTarget::term_like_with_hz(Box::new(Stderr), 10)
+}
+
+/// A bar or spinner drawing to stderr, or one that draws nothing (yet).
+fn bar(enabled: bool, len: Option<u64>) -> indicatif::ProgressBar {
+    let target = if enabled {
+        target()
     } else {
-        format!("ETA {} h {} min", secs / 3600, secs % 3600 / 60)
-    }
+        ProgressDrawTarget::hidden()
+    };
+    indicatif::ProgressBar::with_draw_target(len, target)
 }
 
-/// A `\r`-redrawn progress line: trace name, bar, percent, events per second, ETA. Drawn only after
-/// the work has taken a moment, at most ten times a second, and erased when dropped.
+/// A progress line: label, bar, percent, how many of what per second, ETA. Nothing is drawn
+/// until the work has taken a quarter of a second; the line is erased when dropped.
 pub(crate) struct ProgressBar {
-    pub(crate) enabled: bool,
-    pub(crate) label: String,
-    pub(crate) start: Instant,
-    pub(crate) last: Option<Instant>,
-    pub(crate) width: usize,
-    /// What is counted, for the rate ("events").
-    pub(crate) unit: &'static str,
+    bar: indicatif::ProgressBar,
+    enabled: bool,
+    shown: bool,
+    start: Instant,
 }
 
 impl ProgressBar {
     pub(crate) fn new(enabled: bool, label: String) -> Self {
-        ProgressBar {
+        let bar = ProgressBar {
+            bar: bar(false, Some(0)),
             enabled,
-            label: shorten(&label, 48),
+            shown: false,
             start: Instant::now(),
-            last: None,
-            width: 0,
-            unit: "events",
         }
+        .counting("events");
+        bar.bar.set_message(shorten(&label, 48));
+        bar
     }
 
     /// The same bar, counting `unit` instead of events.
-    pub(crate) fn counting(mut self, unit: &'static str) -> Self {
-        self.unit = unit;
+    pub(crate) fn counting(self, unit: &'static str) -> Self {
+        let template =
+            format!("{{msg}} [{{bar:24}}] {{percent:>3}} %  {{rate}} {unit}/s  ETA {{eta}}");
+        let rate = |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&fmt_rate(s.per_sec()));
+        };
+        self.bar.set_style(
+            ProgressStyle::with_template(&template)
+                .expect("a valid template")
+                .with_key("rate", rate)
+                .progress_chars("#-"),
+        );
         self
     }
 
@@ -64,99 +115,45 @@ impl ProgressBar {
         if !self.enabled {
             return;
         }
-        let now = Instant::now();
-        let since_start = now - self.start;
-        if since_start < Duration::from_millis(250)
-            || self
-                .last
-                .is_some_and(|l| now - l < Duration::from_millis(100))
-        {
-            return;
+        if !self.shown {
+            if self.start.elapsed() < Duration::from_millis(250) {
+                return;
+            }
+            self.bar.set_draw_target(target());
+            self.shown = true;
         }
-        self.last = Some(now);
-        let frac = if total == 0 {
-            1.0
-        } else {
-            (done as f64 / total as f64).min(1.0)
-        };
-        const BAR: usize = 24;
-        let filled = (frac * BAR as f64).round() as usize;
-        let rate = done as f64 / since_start.as_secs_f64().max(1e-9);
-        let line = format!(
-            "{} [{}{}] {:>5.1} %  {} {}/s  {}",
-            self.label,
-            "#".repeat(filled),
-            "-".repeat(BAR - filled),
-            frac * 100.0,
-            fmt_rate(rate),
-            self.unit,
-            eta_text(done, total, since_start)
-        );
-        let pad = self.width.saturating_sub(line.chars().count());
-        self.width = self.width.max(line.chars().count());
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r{line}{}", " ".repeat(pad));
-        let _ = err.flush();
+        self.bar.set_length(total as u64);
+        self.bar.set_position(done as u64);
     }
-}
 
-impl ProgressBar {
-    /// Erase the line (before other output); the next update draws it again.
-    pub(crate) fn clear(&mut self) {
-        if self.width > 0 {
-            let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r{}\r", " ".repeat(self.width));
-            let _ = err.flush();
-            self.width = 0;
-        }
+    /// Runs `f` (which prints to stdout) with the line erased, then draws it again.
+    pub(crate) fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.bar.suspend(f)
     }
 }
 
 impl Drop for ProgressBar {
     fn drop(&mut self) {
-        self.clear();
+        self.bar.finish_and_clear();
     }
 }
 
-/// Run `f`; if it takes longer than a moment and progress is on, show "`what` NAME… 1.2 s" on
-/// stderr meanwhile (erased at the end).
-pub(crate) fn with_spinner<T: Send>(
-    enabled: bool,
-    what: &str,
-    name: &str,
-    f: impl FnOnce() -> T,
-) -> T {
+/// Run `f`; while it runs and progress is on, show "`what` NAME… 1s" on stderr (erased at the
+/// end).
+pub(crate) fn with_spinner<T>(enabled: bool, what: &str, name: &str, f: impl FnOnce() -> T) -> T {
     if !enabled {
         return f();
     }
-    let (tx, rx) = mpsc::channel::<()>();
-    let name = shorten(name, 60);
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            let start = Instant::now();
-            let mut width = 0;
-            while let Err(mpsc::RecvTimeoutError::Timeout) =
-                rx.recv_timeout(Duration::from_millis(200))
-            {
-                if start.elapsed() < Duration::from_millis(400) {
-                    continue;
-                }
-                let line = format!("{what} {name}… {:.1} s", start.elapsed().as_secs_f64());
-                width = width.max(line.chars().count());
-                let _ = write!(std::io::stderr(), "\r{line}");
-                let _ = std::io::stderr().flush();
-            }
-            if width > 0 {
-                let _ = write!(std::io::stderr(), "\r{}\r", " ".repeat(width));
-                let _ = std::io::stderr().flush();
-            }
-        });
-        let out = f();
-        drop(tx);
-        out
-    })
+    let spinner = bar(true, None);
+    spinner.set_style(ProgressStyle::with_template("{msg}… {elapsed}").expect("a valid template"));
+    spinner.set_message(format!("{what} {}", shorten(name, 60)));
+    spinner.enable_steady_tick(Duration::from_millis(200));
+    let out = f();
+    spinner.finish_and_clear();
+    out
 }
 
+/// `s` cut to `max` characters, keeping its end (a file name's end tells traces apart).
 pub(crate) fn shorten(s: &str, max: usize) -> String {
     let n = s.chars().count();
     if n <= max {

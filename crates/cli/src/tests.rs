@@ -18,7 +18,7 @@ use torch_arena_lab::replay::{OomReport, Point, ReplayResult, StepStats};
 use torch_arena_lab::{Kind, Source};
 
 use crate::args::{ArgCursor, Item, SYNTH_FORMS, SynthSpec, TraceArg, parse_capacity, parse_size};
-use crate::progress::{eta_text, shorten};
+use crate::progress::shorten;
 use crate::replay_json::{json_lines, json_load_error};
 use crate::replay_plot::{panel, plot_path_for};
 use crate::replay_run::{Emulated, ReplaySettings, Run, TraceInfo, TraceOutcome};
@@ -200,16 +200,6 @@ fn formatting() {
         plot_path_for("out/{trace}.svg", "a b/c.pickle"),
         PathBuf::from("out/a_b_c.pickle.svg")
     );
-}
-
-#[test]
-fn eta_is_the_time_left_at_the_rate_so_far() {
-    let s = Duration::from_secs;
-    assert_eq!(eta_text(0, 100, s(5)), "");
-    assert_eq!(eta_text(100, 100, s(5)), "");
-    assert_eq!(eta_text(50, 100, s(10)), "ETA 10 s");
-    assert_eq!(eta_text(10, 100, s(10)), "ETA 1 min 30 s");
-    assert_eq!(eta_text(1, 1000, s(10)), "ETA 2 h 46 min");
 }
 
 #[test]
