@@ -29,10 +29,9 @@ pub trait Resource {
     /// Physical bytes held.
     fn reserved(&self) -> u64;
     /// `recordStream`: the block containing `ptr` is used on `stream` too, so its memory is
-    /// reused only once that stream's work queued before its free has finished. The block's base
-    /// when it is still live (a concurrent free may have ended it since). A resource without
-    /// streams cannot honour it and says so.
-    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+    /// reused only once that stream's work queued before its free has finished. Returns the
+    /// block's base. A resource without streams cannot honour it and says so.
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
         let _ = stream;
         Err(Error::Device(DeviceError::Misuse(format!(
             "record_stream({ptr:#x}): this resource does not order memory by stream"
@@ -77,9 +76,8 @@ impl Resource for Arena {
         self.stats().reserved_bytes.all().current as u64
     }
 
-    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
-        Arena::record_stream(self, ptr, stream)?;
-        Ok(self.base_alloc(ptr).ok().map(|(base, _)| base))
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
+        Arena::record_stream(self, ptr, stream)
     }
 
     fn pool(&self, id: PoolId, call: PoolCall) -> Result<()> {
@@ -106,7 +104,7 @@ impl<R: Resource + ?Sized> Resource for &R {
         (**self).reserved()
     }
 
-    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
         (**self).record_stream(ptr, stream)
     }
 
@@ -165,11 +163,9 @@ impl<R: Resource> Resource for Tracked<'_, R> {
 
     /// Marks the block as used on another stream in the live table too (its leak report says
     /// so).
-    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
         let base = self.inner.record_stream(ptr, stream)?;
-        if let Some(base) = base {
-            self.tracker.note_record_stream(base);
-        }
+        self.tracker.note_record_stream(base);
         Ok(base)
     }
 
@@ -219,7 +215,7 @@ impl<R: Resource> Resource for Recorded<'_, R> {
     }
 
     /// Not in the trace format (a replay has no streams' work to wait for): passed on.
-    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<Option<DevPtr>> {
+    fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
         self.inner.record_stream(ptr, stream)
     }
 

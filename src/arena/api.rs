@@ -139,8 +139,8 @@ impl Arena {
     }
 
     /// The allocation at `ptr` is also used on `stream`: its memory is not reused until the work
-    /// queued on `stream` before its free has completed.
-    pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<()> {
+    /// queued on `stream` before its free has completed. Returns the allocation's base.
+    pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
         let mut g = self.inner.lock();
         let (base, owner) = g.live_allocation(ptr).ok_or_else(|| {
             g.bad_frees += 1;
@@ -157,7 +157,7 @@ impl Arena {
                 list.push(stream);
             }
         }
-        Ok(())
+        Ok(base)
     }
 
     /// The live allocation containing `ptr`: its base pointer and block size.

@@ -63,16 +63,6 @@ fn target() -> ProgressDrawTarget {
     ProgressDrawTarget::term_like_with_hz(Box::new(Stderr), 10)
 }
 
-/// A bar or spinner drawing to stderr, or one that draws nothing (yet).
-fn bar(enabled: bool, len: Option<u64>) -> indicatif::ProgressBar {
-    let target = if enabled {
-        target()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
-    indicatif::ProgressBar::with_draw_target(len, target)
-}
-
 /// A progress line: label, bar, percent, how many of what per second, ETA. Nothing is drawn
 /// until the work has taken a quarter of a second; the line is erased when dropped.
 pub(crate) struct ProgressBar {
@@ -85,7 +75,8 @@ pub(crate) struct ProgressBar {
 impl ProgressBar {
     pub(crate) fn new(enabled: bool, label: String) -> Self {
         let bar = ProgressBar {
-            bar: bar(false, Some(0)),
+            // Hidden until the first update that comes a quarter of a second in.
+            bar: indicatif::ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden()),
             enabled,
             shown: false,
             start: Instant::now(),
@@ -144,7 +135,7 @@ pub(crate) fn with_spinner<T>(enabled: bool, what: &str, name: &str, f: impl FnO
     if !enabled {
         return f();
     }
-    let spinner = bar(true, None);
+    let spinner = indicatif::ProgressBar::with_draw_target(None, target());
     spinner.set_style(ProgressStyle::with_template("{msg}… {elapsed}").expect("a valid template"));
     spinner.set_message(format!("{what} {}", shorten(name, 60)));
     spinner.enable_steady_tick(Duration::from_millis(200));
