@@ -68,32 +68,39 @@ impl Inner {
     // -----------------------------------------------------------------------------------------
     // Every update of `stats` goes through these (tests/layering.rs holds the other files to it).
 
-    /// A new live allocation of a `block`-byte block for a request of `size` bytes.
+    /// A new live allocation of a `block`-byte block for a request of `size` bytes, placed
+    /// `at` (a slab slot or a heap block).
     #[inline]
-    pub(super) fn count_alloc(&mut self, pool: Pool, size: u64, block: u64) {
+    pub(super) fn count_alloc(&mut self, at: Pool, size: u64, block: u64) {
+        let pool = counted_pool(size);
         let st = &mut self.stats;
         st.allocation.increase(pool, 1);
         st.active.increase(pool, 1);
         st.allocated_bytes.increase(pool, block as i64);
         st.active_bytes.increase(pool, block as i64);
         st.requested_bytes.increase(pool, size as i64);
-        self.update_inactive_split(pool);
+        self.active_at[at as usize] += block as i64;
+        self.update_inactive_split(at);
     }
 
     /// A live allocation freed: its `block` bytes, for a request of `requested` bytes.
     #[inline]
-    pub(super) fn count_free(&mut self, pool: Pool, requested: u64, block: u64) {
+    pub(super) fn count_free(&mut self, requested: u64, block: u64) {
+        let pool = counted_pool(requested);
         let st = &mut self.stats;
         st.allocation.decrease(pool, 1);
         st.allocated_bytes.decrease(pool, block as i64);
         st.requested_bytes.decrease(pool, requested as i64);
     }
 
-    /// A block or slab slot of `bytes` no longer active (its memory free for reuse).
+    /// A block or slab slot of `bytes`, placed `at`, for a request of `requested` bytes, no
+    /// longer active (its memory free for reuse).
     #[inline]
-    pub(super) fn count_inactive(&mut self, pool: Pool, bytes: i64) {
+    pub(super) fn count_inactive(&mut self, at: Pool, requested: u64, bytes: i64) {
+        let pool = counted_pool(requested);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, bytes);
+        self.active_at[at as usize] -= bytes;
     }
 
     /// One handle (or plain segment) of `bytes` created by the driver.
@@ -205,12 +212,12 @@ impl Inner {
     pub(super) fn update_inactive_split(&mut self, pool: Pool) {
         let (bytes, count) = match pool {
             Pool::Small => (
-                self.nonempty_slab_bytes as i64 - self.stats.active_bytes.pool(Pool::Small).current,
+                self.nonempty_slab_bytes as i64 - self.active_at[Pool::Small as usize],
                 self.partial_slabs,
             ),
             Pool::Large => {
                 let held = (self.in_use_pages[Pool::Large as usize] * self.page) as i64;
-                let free = held - self.stats.active_bytes.pool(Pool::Large).current;
+                let free = held - self.active_at[Pool::Large as usize];
                 (free, self.partial_pages)
             }
         };
@@ -249,6 +256,18 @@ impl Inner {
             pending_frees: self.pending.len() as u64,
             growth: self.growth,
         }
+    }
+}
+
+/// The pool whose statistics count a request of `size` bytes: PyTorch's, by the request's
+/// size (`kSmallSize`), wherever the arena placed it. Requests of 64 KiB to 1 MiB take heap
+/// blocks by default (`slab_max_kb`) and still count as `small_pool`, as in `memory_stats()`;
+/// reserved bytes and segments stay counted by where the pages are.
+#[inline]
+pub(super) fn counted_pool(size: u64) -> Pool {
+    match size <= native::SMALL_SIZE {
+        true => Pool::Small,
+        false => Pool::Large,
     }
 }
 

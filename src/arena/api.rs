@@ -95,6 +95,7 @@ impl Arena {
             seq: 0,
             stats: DeviceStats::new(),
             in_use_pages: [0; 3],
+            active_at: [0; 3],
             partial_slabs: 0,
             partial_pages: 0,
             nonempty_slab_bytes: 0,

@@ -91,9 +91,16 @@ impl Inner {
                 self.check_handles(ri, &interior)?;
             }
         }
-        for (_, b) in self.large.iter().filter(|(_, b)| !b.pending) {
-            allocated[2] += b.len as i64;
-            requested[2] += b.requested as i64;
+        // Statistics count a block in its request's pool (`counted_pool`); `active_at` by where
+        // it is, pending frees included.
+        let mut active_at = [0i64; 3];
+        for (_, b) in self.large.iter() {
+            active_at[Pool::Large as usize] += b.len as i64;
+            if !b.pending {
+                let i = accounting::counted_pool(b.requested) as usize;
+                allocated[i] += b.len as i64;
+                requested[i] += b.requested as i64;
+            }
         }
         for (id, slab) in self.slabs.iter().enumerate() {
             if dead.contains(&(id as u32)) {
@@ -101,11 +108,23 @@ impl Inner {
             }
             for slot in 0..slab.slots as usize {
                 let ptr = slab.base + slot as u64 * slab.slot_size;
-                if slab.live_slot(ptr).is_some() && !self.pending_ptrs.contains_key(&ptr) {
-                    allocated[1] += slab.slot_size as i64;
-                    requested[1] += slab.requested(slot) as i64;
+                if slab.live_slot(ptr).is_none() {
+                    continue;
+                }
+                active_at[Pool::Small as usize] += slab.slot_size as i64;
+                if !self.pending_ptrs.contains_key(&ptr) {
+                    let i = accounting::counted_pool(slab.requested(slot)) as usize;
+                    allocated[i] += slab.slot_size as i64;
+                    requested[i] += slab.requested(slot) as i64;
                 }
             }
+        }
+        if active_at != self.active_at {
+            return Err(format!(
+                "active bytes by place (slabs, heap) counted {:?} but live and pending blocks sum to {:?}",
+                &self.active_at[1..],
+                &active_at[1..]
+            ));
         }
         for pool in [Pool::Small, Pool::Large] {
             let i = pool as usize;

@@ -34,8 +34,7 @@ impl Inner {
                 (Found::Large, b.requested, b.len)
             }
         };
-        let pool = found.pool();
-        self.count_free(pool, requested, block);
+        self.count_free(requested, block);
         let extra = if self.recorded.is_empty() {
             None
         } else {

@@ -270,6 +270,6 @@ impl Inner {
         let block = self.large.remove(ptr).expect("live block");
         self.count_range(block.region, ptr, block.len, false);
         self.streams[block.stream as usize].large.free(block.node);
-        self.count_inactive(Pool::Large, block.len as i64);
+        self.count_inactive(Pool::Large, block.requested, block.len as i64);
     }
 }

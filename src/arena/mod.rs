@@ -424,6 +424,10 @@ struct Inner {
     stats: DeviceStats,
     /// Pages holding live data per pool, for the inactive-split figures.
     in_use_pages: [u64; 3],
+    /// Active bytes by where their blocks are (slabs: `Pool::Small`; the page heap:
+    /// `Pool::Large`), for the inactive-split figures. The statistics count a block in the pool
+    /// of its request's size instead (`accounting::counted_pool`), as PyTorch does.
+    active_at: [i64; 3],
     partial_slabs: i64,
     /// Large-pool pages holding live data and free bytes.
     partial_pages: i64,

@@ -136,11 +136,11 @@ impl Inner {
     pub(super) fn finish_small(&mut self, id: u32, slot: usize) {
         let slab = &mut self.slabs[id as usize];
         let (used, slots) = (slab.used, slab.slots);
-        slab.give_back(slot);
+        let requested = slab.give_back(slot);
         let size = slab.slot_size as i64;
         let (s, ci) = (slab.stream, slab.class as usize);
         self.partial_slabs += partial(used - 1, slots) - partial(used, slots);
-        self.count_inactive(Pool::Small, size);
+        self.count_inactive(Pool::Small, requested, size);
         let is_current = self.streams[s as usize].classes[ci].current == Some(id);
         if used == 1 {
             self.nonempty_slab_bytes -= self.slabs[id as usize].span;

@@ -990,6 +990,51 @@ fn slabs_drain_and_their_pages_return() {
     arena.check_consistency().unwrap();
 }
 
+/// `memory_stats()` counts a request in PyTorch's pool by its size (`small_pool` up to 1 MiB)
+/// wherever the arena placed it: with `slab_max_kb:64` a 512 KiB request takes a heap block of
+/// large-pool pages and still counts as a small-pool allocation; its pages stay large-pool
+/// reserved bytes, and the inactive split of the heap pages counts their free bytes.
+#[test]
+fn statistics_count_a_request_in_its_size_pool_wherever_it_is_placed() {
+    let sim = Arc::new(SimDevice::new(SimConfig::new(256 << 20, PAGE, false)).unwrap());
+    let conf = Config::parse("slab_max_kb:64").unwrap();
+    let arena = Arena::new(sim as Arc<dyn Device>, &conf).unwrap();
+    let mid = arena.malloc(512 << 10, 0).unwrap();
+    let tiny = arena.malloc(1000, 0).unwrap();
+    let big = arena.malloc((1 << 20) + 1, 0).unwrap();
+    let st = arena.stats();
+    assert_eq!(st.allocation.pool(Pool::Small).current, 2);
+    assert_eq!(st.allocation.pool(Pool::Large).current, 1);
+    assert_eq!(
+        st.allocated_bytes.pool(Pool::Small).current,
+        (512 << 10) + 1024,
+        "the heap block is the request rounded to 512 bytes, the slab slot its class"
+    );
+    assert_eq!(
+        st.requested_bytes.pool(Pool::Small).current,
+        (512 << 10) + 1000
+    );
+    assert_eq!(st.active_bytes.pool(Pool::Large).current, (1 << 20) + 512);
+    // The 512 KiB block and the 1 MiB + 1 block share the heap's pages: free bytes on them
+    // count as the large pool's inactive split, by place.
+    let heap_pages = st.reserved_bytes.pool(Pool::Large).current;
+    assert!(heap_pages >= (3 << 20), "{heap_pages}");
+    arena.free(mid, Some(512 << 10), 0).unwrap();
+    let st = arena.stats();
+    assert_eq!(st.allocation.pool(Pool::Small).current, 1);
+    assert_eq!(st.active_bytes.pool(Pool::Small).current, 1024);
+    assert_eq!(st.requested_bytes.pool(Pool::Small).current, 1000);
+    arena.check_consistency().unwrap();
+    arena.free(tiny, Some(1000), 0).unwrap();
+    arena.free(big, Some((1 << 20) + 1), 0).unwrap();
+    let st = arena.stats();
+    for pool in [Pool::Small, Pool::Large] {
+        assert_eq!(st.active_bytes.pool(pool).current, 0);
+        assert_eq!(st.allocated_bytes.pool(pool).current, 0);
+    }
+    arena.check_consistency().unwrap();
+}
+
 #[test]
 fn fallback_without_vmm_uses_plain_segments() {
     let mut c = SimConfig::new(256 << 20, PAGE, true);
