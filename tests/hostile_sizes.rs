@@ -290,17 +290,24 @@ fn a_busy_stream_is_never_retired() {
 
 /// Item 13: one 1 MiB allocation reported `reserved_bytes.all.allocated` = 4 MiB and 2 segments
 /// allocated with `num_device_alloc` = 1 (the page moved from the large pool to the small one).
+/// (Now with a 64 KiB request: requests above 64 KiB take the page heap by default.)
 #[test]
 fn a_page_moving_between_pools_is_counted_once() {
     let (_dev, arena) = sim(16 * GIB);
-    let p = arena.malloc(MIB, 0).unwrap();
+    let p = arena.malloc(64 << 10, 0).unwrap();
     let st = arena.stats();
     assert_eq!(st.num_device_alloc, 1);
     assert_eq!(st.segment.all().allocated, 1);
     assert_eq!(st.segment.all().current, 1);
     assert_eq!(st.reserved_bytes.all().allocated, PAGE as i64);
     assert_eq!(st.reserved_bytes.all().peak, PAGE as i64);
-    arena.free(p, Some(MIB), 0).unwrap();
+    assert_eq!(
+        st.reserved_bytes
+            .pool(torch_arena::stats::Pool::Small)
+            .current,
+        PAGE as i64
+    );
+    arena.free(p, Some(64 << 10), 0).unwrap();
 }
 
 /// Item 13: lowering the memory fraction released only unmapped pages, so reserved stayed at

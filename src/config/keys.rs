@@ -210,7 +210,7 @@ pub(super) const KEY_DEFS: [KeyDef; 20] = [
     KeyDef {
         name: "slab_max_kb",
         help: "largest request served from size-class slabs in KiB, a power of two from 4 to \
-               1024; larger ones take 512-byte blocks of the page heap (default 1024)",
+               1024; larger ones take 512-byte blocks of the page heap (default 64)",
         forms: "a power of two from 4 to 1024 (KiB)",
         set: |c, v| {
             c.slab_max_kb =

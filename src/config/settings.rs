@@ -78,7 +78,9 @@ pub struct Config {
     /// `memory_fraction:F`: cap on reserved bytes as a fraction of device memory, in (0, 1].
     pub memory_fraction: f64,
     /// `slab_max_kb:N`: largest request served from size-class slabs, in KiB; larger requests
-    /// take 512-byte-granular blocks of the page heap (default 1024 = PyTorch's small pool).
+    /// take 512-byte-granular blocks of the page heap (default 64: one slab chunk, see
+    /// ARCHITECTURE.md "Small requests"). Statistics count every request up to 1 MiB in
+    /// `small_pool`, as PyTorch does, whichever serves it.
     pub slab_max_kb: u64,
     /// `trace:PATH`: record every alloc and free to this file (`{rank}`, `{pid}` expanded by the
     /// Python package); `None` = no recording.
@@ -127,7 +129,7 @@ impl Default for Config {
             stitch: true,
             release_idle_ms: 0,
             memory_fraction: 1.0,
-            slab_max_kb: 1024,
+            slab_max_kb: 64,
             trace: None,
             driver_costs: None,
             sites: None,

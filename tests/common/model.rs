@@ -60,10 +60,10 @@ pub trait TestGpu {
 }
 
 /// The block size a request should get, derived from the documented class spacing (not from the
-/// arena's own table): 512-byte steps to 4 KiB, then 8 classes per doubling to 1 MiB; above that,
-/// the request rounded up to 512 bytes.
+/// arena's own table): 512-byte steps to 4 KiB, then 8 classes per doubling up to the slab bound
+/// (64 KiB by default, `slab_max_kb`); above that, the request rounded up to 512 bytes.
 pub fn expected_block(size: u64) -> u64 {
-    if size > 1 << 20 {
+    if size > 64 << 10 {
         return size.div_ceil(512) * 512;
     }
     if size <= 4096 {

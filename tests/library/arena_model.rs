@@ -795,9 +795,11 @@ fn a_small_workload_grows_in_steps_as_native_does() {
 /// blocks, each of whose handles cost more than a cudaMalloc, in steps again.
 #[test]
 fn the_small_pool_grows_in_steps_only_while_climbing_or_behind_native() {
+    // Slabs of 512 KiB slots: above the default slab bound, so the bound is raised to 1 MiB.
+    let conf = Config::parse("slab_max_kb:1024").unwrap();
     let slots = |large: u64, n: usize, keep: bool| {
         let sim = Arc::new(SimDevice::new(SimConfig::new(80 << 30, PAGE, false)).unwrap());
-        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+        let arena = Arena::new(sim.clone() as Arc<dyn Device>, &conf).unwrap();
         let big: Vec<u64> = (0..n).map(|_| arena.malloc(large, 0).unwrap()).collect();
         if !keep {
             for &b in &big {

@@ -526,7 +526,7 @@ fn display_prints_the_grammar() {
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
          sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
-         slab_max_kb:1024,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
+         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
          leak_age:0"
     );
 }

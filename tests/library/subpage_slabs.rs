@@ -15,7 +15,9 @@ const PAGE: u64 = 2 << 20;
 
 fn rig(capacity: u64) -> (Arc<SimDevice>, Arena) {
     let sim = Arc::new(SimDevice::new(SimConfig::new(capacity, PAGE, true)).unwrap());
-    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &Config::default()).unwrap();
+    // Every slab class, up to 1 MiB (the default bound is 64 KiB: `slab_max_kb`).
+    let conf = Config::parse("slab_max_kb:1024").unwrap();
+    let arena = Arena::new(sim.clone() as Arc<dyn Device>, &conf).unwrap();
     (sim, arena)
 }
 
