@@ -984,7 +984,7 @@ fn lab_calls_per_step(t: &Trace) -> ([u64; 41], u64) {
 
 /// The lab against the GPU, step by step, on the last run the H200 made (run 3). Under the
 /// library it ran, the lab made exactly the calls the H200 counted, in the same steps, and ended
-/// with the bytes the H200 reserved (BENCHMARKS.md, "A second session"). Under this one, blocks
+/// with the bytes the H200 reserved (BENCHMARKS.md, "GPU runs of 2026-11-27"). Under this one, blocks
 /// climbing to a new peak grow ahead while the growth costs more than native's would
 /// (`ahead_spare` in `src/arena/growth.rs`): warm-up takes three handles fewer (168 and 63 calls
 /// against 171 and 69); after it, the one growth is still step 33's, a cycle pass in which
