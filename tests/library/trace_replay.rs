@@ -992,9 +992,10 @@ fn lab_calls_per_step(t: &Trace) -> ([u64; 41], u64) {
 ///   calls against the H200's 171 and 69), but the 128 MiB blocks of steps 3, 25 and 37 find
 ///   their free range cut by those blocks and each takes a handle (3 calls), where the H200 grew
 ///   once, in step 33 (a cycle pass in which PyTorch's own allocator grew as well).
-/// In all, fewer calls than the H200 counted; the run ends with 10 MiB (0.2 %) more than the
-/// H200 reserved, those three handles, on an 80 GiB device where nothing is short. At the limit
-/// the two settings fit this trace within 10 MiB of each other (`torch-arena fit`).
+///
+/// In all, fewer calls than the H200 counted; the run ends with 10 MiB (0.2 %) more reserved
+/// than the H200, on an 80 GiB device where nothing is short. At the limit the two settings fit
+/// this trace within 10 MiB of each other (`torch-arena fit`).
 #[test]
 fn the_lab_replays_the_last_gpu_run_with_fewer_calls_and_the_gpus_bytes() {
     let (calls, reserved) = lab_calls_per_step(&bench_trace(RUN_3.trace));
