@@ -617,7 +617,7 @@ use torch_arena::arena::Arena;
 use torch_arena::device::costs::DriverCosts;
 use torch_arena::device::sim::{SimConfig, SimDevice};
 use torch_arena::device::{Device, DriverCounters};
-use torch_arena_lab::replay::{ArenaPolicy, Timing, run};
+use torch_arena_lab::replay::{Checked, SimArena, Timing, run};
 
 fn timed(capacity: u64, repeat: u32, lag_ns: u64) -> ReplayOptions {
     ReplayOptions {
@@ -662,10 +662,10 @@ fn training_step() -> Trace {
 fn counts_by_kind_are_the_devices_counters_and_priced_by_the_table() {
     let t = training_step();
     let o = timed(GIB, 2, 0);
-    let mut p = ArenaPolicy::new(&o, &t).unwrap();
-    let before = p.device().counters();
-    let r = run(&t, &mut p, &o.timing, 0, &mut |_, _| {}).unwrap();
-    let dev = p.device().counters().since(&before);
+    let p = Checked::new(SimArena::new(&o, &t).unwrap(), &o, &t);
+    let before = p.inner().device().counters();
+    let r = run(&t, &p, &o.timing, 0, &mut |_, _| {}).unwrap();
+    let dev = p.inner().device().counters().since(&before);
     assert_eq!(r.calls, dev);
     assert_eq!(r.driver_calls, dev.total());
     assert!(dev.mem_create > 0 && dev.mem_map > 0, "{dev:?}");

@@ -39,11 +39,15 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::replay::{Point, Policy, ReplayResult, SeriesBuilder, Timing};
+use super::replay::{Point, ReplayResult, Replayed, SeriesBuilder, Timing};
 use crate::model::{Op, Trace};
+use std::cell::RefCell;
 use torch_arena::arena::GrowthCounts;
+use torch_arena::block::Request;
 use torch_arena::device::DriverCounters;
+use torch_arena::device::{DevPtr, StreamId};
 use torch_arena::error::{Error, Result};
+use torch_arena::resource::Resource;
 
 pub use super::native_conf::NativeOptions;
 
@@ -149,6 +153,8 @@ struct Native<'a> {
     /// Segments (or expandable chunks) created, by whether their request took the bytes
     /// requested to a new peak.
     growth: GrowthCounts,
+    /// Blocks handed out so far (`Block::seq` of the last).
+    handed: u64,
 }
 
 impl<'a> Native<'a> {
@@ -176,6 +182,7 @@ impl<'a> Native<'a> {
             requested: 0,
             requested_high: 0,
             growth: GrowthCounts::default(),
+            handed: 0,
         }
     }
 
@@ -685,70 +692,89 @@ impl<'a> Native<'a> {
     }
 }
 
-impl Policy for Native<'_> {
-    fn malloc(&mut self, _event: usize, _id: u64, size: u64, stream: u64) -> Result<u64> {
+/// The emulation as a layer of the allocation stack ([`Resource`]), for the replay loop: the
+/// "pointer" of a block it hands out is the emulation's block index (a handle: nothing is read
+/// or written there), its number the count of allocations so far.
+struct Emulated<'a>(RefCell<Native<'a>>);
+
+impl Resource for Emulated<'_> {
+    fn alloc(&self, req: &Request) -> Result<torch_arena::block::Block> {
+        let n = &mut *self.0.borrow_mut();
+        let (size, stream) = (req.size, req.stream);
         let before = (
-            self.created,
-            self.calls.mem_alloc_bytes + self.calls.mem_create_bytes,
+            n.created,
+            n.calls.mem_alloc_bytes + n.calls.mem_create_bytes,
         );
-        let got = Native::malloc(self, size, stream);
+        let got = n.malloc(size, stream);
         let now = (
-            self.created,
-            self.calls.mem_alloc_bytes + self.calls.mem_create_bytes,
+            n.created,
+            n.calls.mem_alloc_bytes + n.calls.mem_create_bytes,
         );
         if got.is_some() {
-            self.requested = self.requested.saturating_add(size);
+            n.requested = n.requested.saturating_add(size);
         }
         if now.0 > before.0 {
-            let g = match self.requested <= self.requested_high {
-                true => &mut self.growth.below_peak,
-                false => &mut self.growth.at_peak,
+            let g = match n.requested <= n.requested_high {
+                true => &mut n.growth.below_peak,
+                false => &mut n.growth.at_peak,
             };
             g.handles += now.0 - before.0;
             g.bytes += now.1.saturating_sub(before.1);
         }
-        self.requested_high = self.requested_high.max(self.requested);
+        n.requested_high = n.requested_high.max(n.requested);
         match got {
-            Some(b) => Ok(b as u64),
+            Some(b) => {
+                n.handed += 1;
+                Ok(torch_arena::block::Block {
+                    ptr: b as u64,
+                    size: n.blocks[b as usize].size,
+                    seq: n.handed,
+                })
+            }
             None => Err(Error::OutOfMemory(format!(
                 "the emulated native allocator cannot allocate {size} bytes on stream {stream}"
             ))),
         }
     }
 
-    fn free(&mut self, _event: usize, _id: u64, b: u64, size: u64, _stream: u64) -> Result<()> {
-        self.requested = self.requested.saturating_sub(size);
-        Native::free(self, b as u32);
+    fn free(&self, b: DevPtr, size: u64, _stream: StreamId) -> Result<()> {
+        let n = &mut *self.0.borrow_mut();
+        n.requested = n.requested.saturating_sub(size);
+        n.free(b as u32);
         Ok(())
     }
 
     fn reserved(&self) -> u64 {
-        self.reserved
+        self.0.borrow().reserved
     }
+}
 
+impl Replayed for Emulated<'_> {
     fn allocated(&self) -> u64 {
-        self.allocated
+        self.0.borrow().allocated
     }
 
-    fn take_peak_reserved(&mut self) -> u64 {
-        std::mem::replace(&mut self.step_peak, self.reserved)
+    fn take_peak_reserved(&self) -> u64 {
+        let n = &mut *self.0.borrow_mut();
+        std::mem::replace(&mut n.step_peak, n.reserved)
     }
 
     fn counters(&self) -> DriverCounters {
-        self.calls
+        self.0.borrow().calls
     }
 
     fn stall_ns(&self) -> u64 {
-        self.syncs.saturating_mul(self.lag_ns)
+        let n = self.0.borrow();
+        n.syncs.saturating_mul(n.lag_ns)
     }
 
     fn growth(&self) -> Option<GrowthCounts> {
-        Some(self.growth)
+        Some(self.0.borrow().growth)
     }
 
-    fn advance_to(&mut self, _now_ns: u64) {}
+    fn advance_to(&self, _now_ns: u64) {}
 
-    fn gpu_use(&mut self, _b: u64, _size: u64, _stream: u64, _due_ns: u64) {}
+    fn gpu_use(&self, _b: DevPtr, _size: u64, _stream: StreamId, _due_ns: u64) {}
 }
 
 /// Emulate the native allocator on `trace`, one pass and no GPU lag. Frees of ids never
@@ -768,7 +794,9 @@ pub fn simulate_timed(
 ) -> Result<NativeResult> {
     let mut n = Native::new(opts);
     n.lag_ns = timing.gpu_lag_ns;
-    let replay = super::replay::run(trace, &mut n, timing, opts.series_points, progress)?;
+    let emulated = Emulated(RefCell::new(n));
+    let replay = super::replay::run(trace, &emulated, timing, opts.series_points, progress)?;
+    let n = emulated.0.into_inner();
     Ok(NativeResult {
         oom_event: replay.oom.as_ref().map(|o| o.event),
         replay,

@@ -1,12 +1,15 @@
-//! Replay a [`Trace`] through an allocator *policy*: the arena on a simulated device
-//! ([`ArenaPolicy`]) or PyTorch's native allocator emulated ([`super::native`]). One loop
-//! ([`run`]) drives both, so both see the same events, the same clock and the same steps.
+//! Replay a [`Trace`] through an allocator: the arena on a simulated device ([`SimArena`], under
+//! the [`Checked`] adaptor) or PyTorch's native allocator emulated ([`super::native`]). One loop
+//! ([`run`]) drives both through the plugin's own allocation interface,
+//! [`Resource`](torch_arena::resource::Resource) (`alloc`, `free`), and reads the simulated
+//! machine through [`Replayed`] (driver calls, stalls, the clock), so both see the same events,
+//! the same clock and the same steps.
 //!
-//! Each event is one `malloc` / `free` of the policy. Cost per event is the policy's own plus
-//! O(1) bookkeeping (a hash map from event id to handle, running sums, one bucket of the plot
+//! Each event is one `alloc` / `free`. Cost per event is the allocator's own plus O(1)
+//! bookkeeping (a hash map from event id to handle, running sums, one bucket of the plot
 //! series), so a replay measures the allocator, not the replayer. For the arena, with `check`,
 //! every event is followed by a full consistency check (O(live)); with `backing`, allocations
-//! carry a pattern that is verified on free.
+//! carry a pattern that is verified on free ([`Checked`]).
 //!
 //! **Steps** (`repeat`): the trace is replayed `repeat` times in a row, one step per pass. What
 //! is live at the end of a pass (parameters, optimizer state, the seeded live set) stays live:
@@ -14,23 +17,26 @@
 //!
 //! **GPU lag** (`gpu_lag_ns`): on a GPU the host runs ahead of the device, so a free reaches the
 //! allocator while kernels queued before it still use the memory. At every free the replay
-//! queues that use on the free's stream ([`Policy::gpu_use`]), to finish `gpu_lag_ns` after the
+//! queues that use on the free's stream ([`Replayed::gpu_use`]), to finish `gpu_lag_ns` after the
 //! free on the host clock. The clock is the trace's own (`time_us` of the events) where it has
 //! one, else [`DEFAULT_EVENT_CLOCK_NS`] per event; a stall (a synchronising call that waits for
 //! work not yet due) moves it on. A lag of 0 queues nothing: the replay is the same as without
 //! the model.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::model::{Op, Trace};
 use torch_arena::arena::{Arena, GrowthCounts};
+use torch_arena::block::{Block, Request};
 use torch_arena::config::Config;
 use torch_arena::device::costs::DriverCosts;
 use torch_arena::device::sim::{SimConfig, SimDevice};
-use torch_arena::device::{Device, DriverCounters};
+use torch_arena::device::{DevPtr, Device, DriverCounters, StreamId};
 use torch_arena::error::{Error, Result};
+use torch_arena::resource::Resource;
 
 /// The host time one event takes in a trace without timestamps: 10 µs, about what the host
 /// spends between two allocations in an eager PyTorch training step (a few kernel launches of
@@ -130,7 +136,7 @@ pub struct OomReport {
     pub live_bytes: u64,
     pub live_count: u64,
     pub reserved: u64,
-    /// Cached bytes ([`Policy::cached`]): for the arena, its idle and pooled pages, as its
+    /// Cached bytes ([`Replayed::cached`]): for the arena, its idle and pooled pages, as its
     /// out-of-memory message counts them.
     pub cached: u64,
     /// The arena's own OOM message.
@@ -252,14 +258,16 @@ impl SeriesBuilder {
 struct Live {
     ptr: u64,
     size: u64,
-    /// Block bytes the arena gave (only known with `check`).
+    /// Block bytes the allocator gave.
     block: u64,
+    /// The block's number ([`Block::seq`]): what its pattern is made from.
+    seq: u64,
 }
 
-/// The 64-bit word written at byte `off` of the allocation with id `id`.
+/// The 64-bit word written at byte `off` of the allocation numbered `seq`.
 #[inline]
-fn pattern(id: u64, off: u64) -> u64 {
-    (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ off).rotate_left(17) | 1
+fn pattern(seq: u64, off: u64) -> u64 {
+    (seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ off).rotate_left(17) | 1
 }
 
 /// Offsets of the words written into an allocation: the first and the last 64 bytes.
@@ -270,23 +278,24 @@ fn pattern_offsets(size: u64) -> impl Iterator<Item = u64> {
     (0..head).chain(tail_start..words).map(|w| w * 8)
 }
 
-fn write_pattern(id: u64, l: &Live) {
+fn write_pattern(l: &Live) {
     for off in pattern_offsets(l.size) {
         // SAFETY: with backing, the simulated device maps host memory at every live allocation's
         // address, and [ptr, ptr + size) is live and ours.
-        unsafe { std::ptr::write_unaligned((l.ptr + off) as *mut u64, pattern(id, off)) };
+        unsafe { std::ptr::write_unaligned((l.ptr + off) as *mut u64, pattern(l.seq, off)) };
     }
 }
 
-fn check_pattern(id: u64, l: &Live, event: usize) -> Result<()> {
+/// `event`: the last event checked before this one (for the message).
+fn check_pattern(l: &Live, event: usize) -> Result<()> {
     for off in pattern_offsets(l.size) {
         // SAFETY: as in `write_pattern`.
         let v = unsafe { std::ptr::read_unaligned((l.ptr + off) as *const u64) };
-        if v != pattern(id, off) {
+        if v != pattern(l.seq, off) {
             return Err(Error::Trace(format!(
-                "replay check failed after event {event}: allocation id {id} at {:#x} ({} bytes) \
+                "replay check failed after event {event}: allocation #{} at {:#x} ({} bytes) \
                  lost its pattern at offset {off}: another allocation overlaps it",
-                l.ptr, l.size
+                l.seq, l.ptr, l.size
             )));
         }
     }
@@ -296,31 +305,28 @@ fn check_pattern(id: u64, l: &Live, event: usize) -> Result<()> {
 /// How often (in events) `backing` verifies the pattern of every live allocation.
 const FULL_PATTERN_CHECK_EVERY: usize = 4096;
 
-/// An allocator a replay drives: the arena on a simulated device, or the native allocator's
-/// emulation. Handles are whatever the policy hands out (an address, a block index); a failed
-/// allocation for lack of memory is `Err(Error::OutOfMemory(message))`.
-pub trait Policy {
-    /// Allocate `size` (> 0) bytes on `stream` for the allocation `id` of event `event`.
-    fn malloc(&mut self, event: usize, id: u64, size: u64, stream: u64) -> Result<u64>;
-    /// Free `handle` (`size` requested bytes) on `stream`.
-    fn free(&mut self, event: usize, id: u64, handle: u64, size: u64, stream: u64) -> Result<()>;
+/// What a replay reads of an allocator beyond [`Resource`]: the simulated machine under it
+/// (driver calls, host time stalled, the GPU's clock) and the figures of its reports. Handles are
+/// whatever the allocator hands out as [`Block::ptr`] (an address, or the native emulation's block
+/// index); a failed allocation for lack of memory is `Err(Error::OutOfMemory(message))`.
+/// Everything takes `&self`, as `Resource` does: a replay is one thread, and an implementation
+/// keeps what it changes in cells.
+pub trait Replayed: Resource {
     /// Called after every event with the replay's own figures, for checks.
-    fn after_event(&mut self, _event: usize, _requested: u64, _live: usize) -> Result<()> {
+    fn after_event(&self, _event: usize, _requested: u64) -> Result<()> {
         Ok(())
     }
-    /// Reserved bytes now.
-    fn reserved(&self) -> u64;
     /// Allocated (block) bytes now.
     fn allocated(&self) -> u64;
     /// Cached bytes now: reserved and free for any request. PyTorch's meaning (reserved less
-    /// allocated) unless the policy knows better; the arena counts its idle and pooled pages
-    /// ([`torch_arena::arena::PageCounts::cached_bytes`]), as its out-of-memory message does, not the
-    /// pages it cannot move or the free space inside partially used ones.
+    /// allocated) unless the allocator knows better; the arena counts its idle and pooled pages
+    /// ([`torch_arena::arena::PageCounts::cached_bytes`]), as its out-of-memory message does, not
+    /// the pages it cannot move or the free space inside partially used ones.
     fn cached(&self) -> u64 {
         self.reserved().saturating_sub(self.allocated())
     }
     /// The most reserved since the last call (or the start); starts a new peak.
-    fn take_peak_reserved(&mut self) -> u64;
+    fn take_peak_reserved(&self) -> u64;
     /// Driver calls so far, by kind.
     fn counters(&self) -> DriverCounters;
     /// Host time blocked waiting for the GPU so far, in nanoseconds.
@@ -331,10 +337,28 @@ pub trait Policy {
         None
     }
     /// The host clock is now `now_ns`: work due by then has finished.
-    fn advance_to(&mut self, now_ns: u64);
-    /// GPU work queued on `stream` before the free of `handle` uses its `size` bytes until
-    /// `due_ns` on the host clock.
-    fn gpu_use(&mut self, handle: u64, size: u64, stream: u64, due_ns: u64);
+    fn advance_to(&self, now_ns: u64);
+    /// GPU work queued on `stream` before the free of `ptr` uses its `size` bytes until `due_ns`
+    /// on the host clock.
+    fn gpu_use(&self, ptr: DevPtr, size: u64, stream: StreamId, due_ns: u64);
+    /// What [`Checked`] asks of the allocator after an event: its own figures against the
+    /// replay's (`requested` bytes, `allocated` block bytes, `count` live allocations), and with
+    /// `walk` its full internal consistency. Default: nothing to check.
+    fn check(
+        &self,
+        _event: usize,
+        _requested: u64,
+        _allocated: u64,
+        _count: usize,
+        _walk: bool,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Where GPU work of a stream other than `stream` may still use `[ptr, ptr + len)`, in words
+    /// (for [`Checked`]: a block handed out there breaks stream safety). Default: none known.
+    fn busy_elsewhere(&self, _ptr: DevPtr, _len: u64, _stream: StreamId) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// One live allocation of the loop.
@@ -416,7 +440,7 @@ impl Clock {
 /// result; `Err` is for a broken invariant or a failure other than out-of-memory.
 pub fn run(
     trace: &Trace,
-    policy: &mut dyn Policy,
+    policy: &dyn Replayed,
     timing: &Timing,
     series_points: usize,
     progress: &mut dyn FnMut(usize, usize),
@@ -465,12 +489,16 @@ pub fn run(
                         // PyTorch hands out NULL for 0 bytes and never frees it.
                         0
                     } else {
-                        match policy.malloc(i, e.id, e.size, e.stream) {
-                            Ok(h) => h,
+                        match policy.alloc(&Request {
+                            size: e.size,
+                            stream: e.stream,
+                            ..Request::default()
+                        }) {
+                            Ok(b) => b.ptr,
                             Err(Error::OutOfMemory(message)) => {
                                 oom = Some(oom_report(
                                     trace,
-                                    &*policy,
+                                    policy,
                                     &live,
                                     (i, pass as u32 + 1),
                                     e.size,
@@ -513,14 +541,14 @@ pub fn run(
                             policy.gpu_use(h.handle, h.size, e.stream, now.saturating_add(lag));
                         }
                         policy
-                            .free(i, e.id, h.handle, h.size, e.stream)
+                            .free(h.handle, h.size, e.stream)
                             .map_err(|err| at_event(err, trace, i, pass))?;
                         requested = requested.saturating_sub(h.size);
                     }
                 },
             }
             policy
-                .after_event(i, requested, live.len())
+                .after_event(i, requested)
                 .map_err(|err| at_event(err, trace, i, pass))?;
             // A stall moves the host clock on by the time it waited.
             clock.now_ns = clock
@@ -593,7 +621,7 @@ fn at_event(err: Error, trace: &Trace, i: usize, pass: usize) -> Error {
 }
 
 fn step_stats(
-    policy: &mut dyn Policy,
+    policy: &dyn Replayed,
     timing: &Timing,
     calls_before: &DriverCounters,
     stall_before: u64,
@@ -616,27 +644,16 @@ fn since(now: Option<GrowthCounts>, before: Option<GrowthCounts>) -> Option<Grow
     Some(now?.since(&before.unwrap_or_default()))
 }
 
-/// The arena on a fresh simulated device: the [`Policy`] of [`replay`].
-pub struct ArenaPolicy {
+/// The arena on a fresh simulated device: what [`replay`] drives, under [`Checked`].
+pub struct SimArena {
     arena: Arena,
     sim: Arc<SimDevice>,
-    check: bool,
-    backing: bool,
-    consistency_every: usize,
-    /// With `backing` or `check`: id → what the arena handed out.
-    live: HashMap<u64, Live>,
-    /// Sum of live block sizes (with `check`).
-    allocated: u64,
-    /// Live allocations the arena holds (size 0 is NULL, not the arena's).
-    in_arena: usize,
     trace: String,
-    /// The largest last event checked (for the last consistency walk).
-    last_event: usize,
 }
 
-impl ArenaPolicy {
+impl SimArena {
     /// A fresh arena under `opts` on a fresh simulated device of `opts.capacity` bytes.
-    pub fn new(opts: &ReplayOptions, trace: &Trace) -> Result<ArenaPolicy> {
+    pub fn new(opts: &ReplayOptions, trace: &Trace) -> Result<SimArena> {
         let mut sim = SimConfig::new(
             opts.capacity,
             opts.conf.sim_granularity_kb << 10,
@@ -646,17 +663,10 @@ impl ArenaPolicy {
         let sim = Arc::new(SimDevice::new(sim)?);
         let dev: Arc<dyn Device> = sim.clone();
         let arena = Arena::new(dev, &opts.conf)?;
-        Ok(ArenaPolicy {
+        Ok(SimArena {
             arena,
             sim,
-            check: opts.check,
-            backing: opts.backing,
-            consistency_every: opts.consistency_every.max(1),
-            live: HashMap::new(),
-            allocated: 0,
-            in_arena: 0,
             trace: trace.name.clone(),
-            last_event: trace.events.len().saturating_sub(1),
         })
     }
 
@@ -669,100 +679,25 @@ impl ArenaPolicy {
     pub fn arena(&self) -> &Arena {
         &self.arena
     }
-
-    /// With `backing`, every live allocation still holds its pattern.
-    fn check_all_patterns(&self, event: usize) -> Result<()> {
-        for (&id, l) in &self.live {
-            check_pattern(id, l, event)?;
-        }
-        Ok(())
-    }
 }
 
-impl Policy for ArenaPolicy {
-    fn malloc(&mut self, _event: usize, id: u64, size: u64, stream: u64) -> Result<u64> {
-        let ptr = self.arena.malloc(size, stream)?;
-        self.in_arena += 1;
-        if self.check || self.backing {
-            let mut l = Live {
-                ptr,
-                size,
-                block: 0,
-            };
-            if self.check {
-                l.block = self.arena.base_alloc(ptr)?.1;
-                self.allocated += l.block;
-                // With a GPU lag, a block must not be handed out while another stream's work
-                // may still use it (invariant 2).
-                let busy: Vec<String> = self
-                    .sim
-                    .busy_overlapping(ptr, size)
-                    .into_iter()
-                    .filter(|&(s, _, _)| s != stream)
-                    .map(|(s, p, n)| format!("stream {s} may still use {p:#x}+{n}"))
-                    .collect();
-                if !busy.is_empty() {
-                    return Err(Error::Trace(format!(
-                        "replay check failed: {size} bytes at {ptr:#x} handed out on stream \
-                         {stream} while {}",
-                        busy.join(", ")
-                    )));
-                }
-            }
-            if self.backing {
-                write_pattern(id, &l);
-            }
-            self.live.insert(id, l);
-        }
-        Ok(ptr)
+impl Resource for SimArena {
+    #[inline]
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        Resource::alloc(&self.arena, req)
     }
 
-    fn free(&mut self, event: usize, id: u64, ptr: u64, size: u64, stream: u64) -> Result<()> {
-        if let Some(l) = self.live.remove(&id) {
-            if self.backing {
-                check_pattern(id, &l, event)?;
-            }
-            self.allocated -= l.block;
-        }
-        self.arena.free(ptr, Some(size), stream)?;
-        self.in_arena -= 1;
-        Ok(())
-    }
-
-    fn after_event(&mut self, i: usize, requested: u64, _live: usize) -> Result<()> {
-        if !self.check {
-            return Ok(());
-        }
-        let every = self.consistency_every;
-        let walk = i % every == every - 1 || i == self.last_event;
-        check_event(
-            &self.trace,
-            &self.arena,
-            self.in_arena,
-            i,
-            requested,
-            self.allocated,
-            walk,
-        )?;
-        let violations = self.sim.violations();
-        if let Some(v) = violations.first() {
-            return Err(Error::Trace(format!(
-                "{}: replay check failed after event {i}: the simulated GPU saw {} \
-                 stream-safety violation(s), the first: {v}",
-                self.trace,
-                violations.len()
-            )));
-        }
-        if self.backing && i % FULL_PATTERN_CHECK_EVERY == FULL_PATTERN_CHECK_EVERY - 1 {
-            self.check_all_patterns(i)?;
-        }
-        Ok(())
+    #[inline]
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        Resource::free(&self.arena, ptr, size, stream)
     }
 
     fn reserved(&self) -> u64 {
         self.arena.stats().reserved_bytes.all().current.max(0) as u64
     }
+}
 
+impl Replayed for SimArena {
     fn allocated(&self) -> u64 {
         self.arena.stats().allocated_bytes.all().current.max(0) as u64
     }
@@ -771,7 +706,7 @@ impl Policy for ArenaPolicy {
         self.arena.pages().cached_bytes()
     }
 
-    fn take_peak_reserved(&mut self) -> u64 {
+    fn take_peak_reserved(&self) -> u64 {
         let peak = self.arena.stats().reserved_bytes.all().peak.max(0) as u64;
         self.arena.reset_peak_stats();
         peak
@@ -789,12 +724,203 @@ impl Policy for ArenaPolicy {
         Some(self.arena.growth())
     }
 
-    fn advance_to(&mut self, now_ns: u64) {
+    fn advance_to(&self, now_ns: u64) {
         self.sim.advance_to(now_ns);
     }
 
-    fn gpu_use(&mut self, ptr: u64, size: u64, stream: u64, due_ns: u64) {
+    fn gpu_use(&self, ptr: DevPtr, size: u64, stream: StreamId, due_ns: u64) {
         self.sim.launch_until(stream, ptr, size, due_ns);
+    }
+
+    fn check(
+        &self,
+        i: usize,
+        requested: u64,
+        allocated: u64,
+        count: usize,
+        walk: bool,
+    ) -> Result<()> {
+        check_event(
+            &self.trace,
+            &self.arena,
+            count,
+            i,
+            requested,
+            allocated,
+            walk,
+        )?;
+        let violations = self.sim.violations();
+        if let Some(v) = violations.first() {
+            return Err(Error::Trace(format!(
+                "{}: replay check failed after event {i}: the simulated GPU saw {} \
+                 stream-safety violation(s), the first: {v}",
+                self.trace,
+                violations.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn busy_elsewhere(&self, ptr: DevPtr, len: u64, stream: StreamId) -> Vec<String> {
+        self.sim
+            .busy_overlapping(ptr, len)
+            .into_iter()
+            .filter(|&(s, _, _)| s != stream)
+            .map(|(s, p, n)| format!("stream {s} may still use {p:#x}+{n}"))
+            .collect()
+    }
+}
+
+/// The replay's checks around an allocator ([`ReplayOptions::check`], [`ReplayOptions::backing`]),
+/// as a layer of the allocation stack: it passes every call down and, with `check`, holds the
+/// allocator's figures to the replay's after every event (its full consistency walk every
+/// `consistency_every` events and at the end) and refuses a block handed out where another
+/// stream's work may still run; with `backing` it writes a pattern into every block and checks it
+/// at the free and every [`FULL_PATTERN_CHECK_EVERY`] events. Without either it only counts.
+pub struct Checked<R> {
+    inner: R,
+    check: bool,
+    backing: bool,
+    consistency_every: usize,
+    /// With `backing` or `check`: pointer → what the allocator handed out.
+    live: RefCell<HashMap<u64, Live>>,
+    /// Sum of live block sizes (with `check`).
+    allocated: Cell<u64>,
+    /// Live allocations the allocator holds (size 0 is NULL, not the allocator's).
+    count: Cell<usize>,
+    /// The trace's last event (for the last consistency walk).
+    last_event: usize,
+    /// The event most recently finished (`after_event`), for messages.
+    last_checked: Cell<usize>,
+}
+
+impl<R: Replayed> Checked<R> {
+    /// `inner` under the checks `opts` asks for, for a replay of `trace`.
+    pub fn new(inner: R, opts: &ReplayOptions, trace: &Trace) -> Checked<R> {
+        Checked {
+            inner,
+            check: opts.check,
+            backing: opts.backing,
+            consistency_every: opts.consistency_every.max(1),
+            live: RefCell::new(HashMap::new()),
+            allocated: Cell::new(0),
+            count: Cell::new(0),
+            last_event: trace.events.len().saturating_sub(1),
+            last_checked: Cell::new(0),
+        }
+    }
+
+    /// The allocator under the checks.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// With `backing`, every live allocation still holds its pattern.
+    fn check_all_patterns(&self, event: usize) -> Result<()> {
+        for l in self.live.borrow().values() {
+            check_pattern(l, event)?;
+        }
+        Ok(())
+    }
+}
+
+impl<R: Replayed> Resource for Checked<R> {
+    fn alloc(&self, req: &Request) -> Result<Block> {
+        let b = self.inner.alloc(req)?;
+        self.count.set(self.count.get() + 1);
+        if self.check || self.backing {
+            let l = Live {
+                ptr: b.ptr,
+                size: req.size,
+                block: b.size,
+                seq: b.seq,
+            };
+            if self.check {
+                self.allocated.set(self.allocated.get() + l.block);
+                // With a GPU lag, a block must not be handed out while another stream's work
+                // may still use it (invariant 2).
+                let busy = self.inner.busy_elsewhere(b.ptr, req.size, req.stream);
+                if !busy.is_empty() {
+                    return Err(Error::Trace(format!(
+                        "replay check failed: {} bytes at {:#x} handed out on stream {} while {}",
+                        req.size,
+                        b.ptr,
+                        req.stream,
+                        busy.join(", ")
+                    )));
+                }
+            }
+            if self.backing {
+                write_pattern(&l);
+            }
+            self.live.borrow_mut().insert(b.ptr, l);
+        }
+        Ok(b)
+    }
+
+    fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
+        if let Some(l) = self.live.borrow_mut().remove(&ptr) {
+            if self.backing {
+                check_pattern(&l, self.last_checked.get())?;
+            }
+            self.allocated.set(self.allocated.get() - l.block);
+        }
+        self.inner.free(ptr, size, stream)?;
+        self.count.set(self.count.get() - 1);
+        Ok(())
+    }
+
+    fn reserved(&self) -> u64 {
+        self.inner.reserved()
+    }
+}
+
+impl<R: Replayed> Replayed for Checked<R> {
+    fn after_event(&self, i: usize, requested: u64) -> Result<()> {
+        self.last_checked.set(i);
+        if !self.check {
+            return Ok(());
+        }
+        let every = self.consistency_every;
+        let walk = i % every == every - 1 || i == self.last_event;
+        self.inner
+            .check(i, requested, self.allocated.get(), self.count.get(), walk)?;
+        if self.backing && i % FULL_PATTERN_CHECK_EVERY == FULL_PATTERN_CHECK_EVERY - 1 {
+            self.check_all_patterns(i)?;
+        }
+        Ok(())
+    }
+
+    fn allocated(&self) -> u64 {
+        self.inner.allocated()
+    }
+
+    fn cached(&self) -> u64 {
+        self.inner.cached()
+    }
+
+    fn take_peak_reserved(&self) -> u64 {
+        self.inner.take_peak_reserved()
+    }
+
+    fn counters(&self) -> DriverCounters {
+        self.inner.counters()
+    }
+
+    fn stall_ns(&self) -> u64 {
+        self.inner.stall_ns()
+    }
+
+    fn growth(&self) -> Option<GrowthCounts> {
+        self.inner.growth()
+    }
+
+    fn advance_to(&self, now_ns: u64) {
+        self.inner.advance_to(now_ns);
+    }
+
+    fn gpu_use(&self, ptr: DevPtr, size: u64, stream: StreamId, due_ns: u64) {
+        self.inner.gpu_use(ptr, size, stream, due_ns);
     }
 }
 
@@ -807,14 +933,8 @@ pub fn replay(
     opts: &ReplayOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ReplayResult> {
-    let mut policy = ArenaPolicy::new(opts, trace)?;
-    let mut r = run(
-        trace,
-        &mut policy,
-        &opts.timing,
-        opts.series_points,
-        progress,
-    )?;
+    let policy = Checked::new(SimArena::new(opts, trace)?, opts, trace);
+    let mut r = run(trace, &policy, &opts.timing, opts.series_points, progress)?;
     if opts.backing {
         policy.check_all_patterns(trace.events.len())?;
     }
@@ -870,7 +990,7 @@ fn check_event(
 #[allow(clippy::too_many_arguments)]
 fn oom_report(
     trace: &Trace,
-    policy: &dyn Policy,
+    policy: &dyn Replayed,
     live: &HashMap<u64, Held>,
     (event, step): (usize, u32),
     size: u64,
