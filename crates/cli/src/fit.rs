@@ -14,12 +14,11 @@ use torch_arena_lab::replay::Timing;
 use crate::fit_plot;
 use crate::out::CliResult;
 
-use crate::args::{ArgCursor, Item, TraceArg, native_conf_arg, parse_count};
+use crate::args::{FitArgs, TraceArg, native_conf_arg, usage_of};
 use crate::json::{JsonObject, calls_json};
 use crate::progress::{ProgressBar, stderr_is_terminal};
 use crate::replay_run::{ReplaySettings, TraceInfo, conf_name, timing_under, trace_info};
 use crate::text::{fmt_bytes, fmt_count, fmt_secs, print_table, source_key, source_name};
-use crate::usage::{FIT_OPTIONS, FIT_SYNOPSIS, USAGE};
 
 pub(crate) use torch_arena_lab::fit::Fit;
 use torch_arena_lab::fit::{self as lib_fit, Allocator};
@@ -53,60 +52,26 @@ struct TraceFit {
 /// The native settings compared when none is given.
 const DEFAULT_NATIVE_CONFS: [&str; 2] = ["", "expandable_segments:True"];
 
-pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
-    let mut cur = ArgCursor::new(args, "fit", FIT_SYNOPSIS, FIT_OPTIONS);
-    let mut progress = None;
+pub(crate) fn fit_command(a: FitArgs) -> CliResult<u8> {
     let mut replay = ReplaySettings::new(Some(false));
     // Bytes at the limit, as the GPU would finish everything at once unless told.
     replay.timing.gpu_lag_ns = 0;
-    let mut native_confs = Vec::new();
-    let (mut json, mut jobs, mut plot) = (false, None, None);
-    let mut trace_texts = Vec::new();
-    while let Some(item) = cur.next_item() {
-        let (name, inline) = match item {
-            Item::Positional(p) => {
-                trace_texts.push(p);
-                continue;
-            }
-            Item::Opt(n, v) => (n, v),
-        };
-        match name.as_str() {
-            "--conf" => replay.add_conf(&cur.value(&name, inline)?)?,
-            "--native-conf" => native_confs.push(native_conf_arg(&cur.value(&name, inline)?)?),
-            "--repeat" | "--gpu-lag" | "--driver-costs" => {
-                let v = cur.value(&name, inline)?;
-                replay.timing_option(&name, &v)?;
-            }
-            "--plot" => {
-                let v = cur.value(&name, inline)?;
-                fit_plot::check_plot_path(&v)?;
-                plot = Some(v);
-            }
-            "-j" | "--jobs" => {
-                let v = cur.value(&name, inline)?;
-                let n = parse_count(&name, &v)?;
-                if !(1..=1024).contains(&n) {
-                    return Err(format!(
-                        "{name}: '{v}' must be from 1 to 1024 (worker threads)"
-                    ));
-                }
-                jobs = Some(n as usize);
-            }
-            "--json" | "--progress" | "--no-progress" => {
-                cur.flag(&name, inline)?;
-                match name.as_str() {
-                    "--json" => json = true,
-                    "--progress" => progress = Some(true),
-                    _ => progress = Some(false),
-                }
-            }
-            "-h" | "--help" => return out!("{USAGE}").map(|()| 0),
-            _ => return Err(cur.unknown(&name)),
-        }
+    for c in &a.confs {
+        replay.add_conf(c)?;
     }
-    if trace_texts.is_empty() {
+    let mut native_confs = a
+        .native_confs
+        .iter()
+        .map(|c| native_conf_arg(c))
+        .collect::<CliResult<Vec<_>>>()?;
+    replay.set_timing(a.repeat, a.gpu_lag, a.driver_costs.as_deref())?;
+    if let Some(p) = &a.plot {
+        fit_plot::check_plot_path(p)?;
+    }
+    if a.traces.is_empty() {
         return Err(format!(
-            "fit: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{FIT_SYNOPSIS}"
+            "fit: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{}",
+            usage_of("fit")
         ));
     }
     if replay.confs.is_empty() {
@@ -116,10 +81,10 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
     if !native_given {
         native_confs = DEFAULT_NATIVE_CONFS.iter().map(|c| c.to_string()).collect();
     }
-    let traces = trace_texts
-        .iter()
-        .map(|t| TraceArg::parse(t))
-        .collect::<CliResult<Vec<_>>>()?;
+    TraceArg::check_all(&a.traces)?;
+    let traces = a.traces;
+    let (json, jobs, plot) = (a.json, a.jobs, a.plot);
+    let progress = a.progress.choice();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let s = FitSettings {
         confs: replay.confs,
