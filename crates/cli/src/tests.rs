@@ -9,7 +9,7 @@ use torch_arena_lab::fit::Fit;
 use torch_arena_lab::native::NativeResult;
 
 use crate::demo::demo_reading;
-use crate::json::JsonObject;
+use crate::json::to_line;
 
 use torch_arena::arena::{Growth, GrowthCounts};
 use torch_arena::config::{Config, DeviceKind};
@@ -223,15 +223,28 @@ fn formatting() {
 
 #[test]
 fn json_escapes() {
-    let line = JsonObject::new()
-        .str("k\"", "v\t\u{7f}\u{1f}")
-        .float("nan", f64::NAN)
-        .float("x", 0.25)
-        .opt_num("none", None)
-        .finish();
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "k\"")]
+        k: &'a str,
+        nan: f64,
+        x: f64,
+        whole: f64,
+        none: Option<u64>,
+        list: [u64; 2],
+    }
+    let line = to_line(&Line {
+        k: "v\t\u{7f}\u{1f}",
+        nan: f64::NAN,
+        x: 0.25,
+        whole: 1048576.0,
+        none: None,
+        list: [1, 2],
+    });
+    // The spacing the lines had before serde; a float always reads back as a float; NaN: null.
     assert_eq!(
         line,
-        "{\"k\\\"\": \"v\\t\u{7f}\\u001f\", \"nan\": null, \"x\": 0.25, \"none\": null}"
+        "{\"k\\\"\": \"v\\t\u{7f}\\u001f\", \"nan\": null, \"x\": 0.25, \"whole\": 1048576.0, \"none\": null, \"list\": [1, 2]}"
     );
     let v = parse_json(&line);
     assert_eq!(v.get("k\"").str(), "v\t\u{7f}\u{1f}");
