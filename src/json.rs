@@ -1,6 +1,7 @@
-//! The crate's one JSON writer, for every report it prints (the tracker's exports, the layout,
-//! the CLI's `--json` lines): string escaping, numbers, and an object builder. No serde: the
-//! reports are a handful of flat objects and arrays, and the crate keeps its dependencies few.
+//! The crate's one JSON writer, for every report it prints (the tracker's exports, the layout;
+//! the lab and the command write theirs with serde_json): string escaping, numbers, and an object
+//! builder. No serde: the reports are a handful of flat objects and arrays, and the crate keeps
+//! its dependencies few.
 //!
 //! Strings are escaped per RFC 8259: `"` and `\` are escaped, control characters become `\n`,
 //! `\t`, `\r`, `\b`, `\f` or `\u00XX`; everything else (all of Unicode) is written as UTF-8.

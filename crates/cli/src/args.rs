@@ -1,5 +1,6 @@
-//! Command-line parsing: options and values, sizes and durations, and the traces named on
-//! the command line (files, synthetic specs, the built-in demo trace).
+//! Command-line parsing: the commands and their options (clap, derived from the structs below),
+//! the value parsers of sizes, durations and counts, and the traces named on the command line
+//! (files, synthetic specs, the built-in demo trace).
 
 use std::path::{Path, PathBuf};
 
@@ -8,117 +9,14 @@ use torch_arena_lab::Trace;
 use torch_arena_lab::native::NativeOptions;
 use torch_arena_lab::synth as lib_synth;
 
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap_complete::Shell;
+
 use crate::out::CliResult;
-use crate::usage::DEFAULT_SEED;
-
-/// One command-line item: an option (with a value given as `--opt=value`) or a positional.
-pub(crate) enum Item {
-    Opt(String, Option<String>),
-    Positional(String),
-}
-
-/// A cursor over a command's arguments. `--opt value` and `--opt=value` both work; `--` ends the
-/// options.
-pub(crate) struct ArgCursor<'a> {
-    pub(crate) args: &'a [String],
-    pub(crate) pos: usize,
-    pub(crate) only_positional: bool,
-    /// The command, for messages ("replay").
-    pub(crate) cmd: &'static str,
-    pub(crate) synopsis: &'static str,
-    /// The options of this command, for "did you mean" hints.
-    pub(crate) known: &'static [&'static str],
-}
-
-impl<'a> ArgCursor<'a> {
-    pub(crate) fn new(
-        args: &'a [String],
-        cmd: &'static str,
-        synopsis: &'static str,
-        known: &'static [&'static str],
-    ) -> Self {
-        ArgCursor {
-            args,
-            pos: 0,
-            only_positional: false,
-            cmd,
-            synopsis,
-            known,
-        }
-    }
-
-    pub(crate) fn next_item(&mut self) -> Option<Item> {
-        let a = self.args.get(self.pos)?.clone();
-        self.pos += 1;
-        if self.only_positional || a == "-" || !a.starts_with('-') {
-            return Some(Item::Positional(a));
-        }
-        if a == "--" {
-            self.only_positional = true;
-            return self.next_item();
-        }
-        match a.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => {
-                Some(Item::Opt(name.to_string(), Some(value.to_string())))
-            }
-            _ => Some(Item::Opt(a, None)),
-        }
-    }
-
-    /// The value of option `name`: the `=value` part or the next argument.
-    pub(crate) fn value(&mut self, name: &str, inline: Option<String>) -> CliResult<String> {
-        if let Some(v) = inline {
-            return Ok(v);
-        }
-        match self.args.get(self.pos) {
-            Some(v) => {
-                self.pos += 1;
-                Ok(v.clone())
-            }
-            None => Err(format!(
-                "{}: {name} needs a value\n{}",
-                self.cmd, self.synopsis
-            )),
-        }
-    }
-
-    /// An option that takes no value must not have been given `=value`.
-    pub(crate) fn flag(&self, name: &str, inline: Option<String>) -> CliResult<()> {
-        match inline {
-            None => Ok(()),
-            Some(v) => Err(format!(
-                "{}: {name} takes no value (given '{name}={v}')",
-                self.cmd
-            )),
-        }
-    }
-
-    pub(crate) fn unknown(&self, name: &str) -> String {
-        let hint = self
-            .known
-            .iter()
-            .map(|k| (torch_arena::config::edit_distance(name, k), *k))
-            .filter(|&(d, _)| d <= 2)
-            .min_by_key(|&(d, _)| d)
-            .map(|(_, k)| k)
-            // A known option the name begins (`--native` for `--native-conf`).
-            .or_else(|| {
-                let starting: Vec<&str> = self
-                    .known
-                    .iter()
-                    .copied()
-                    .filter(|k| k.starts_with(name))
-                    .collect();
-                (name.len() > 2 && starting.len() == 1).then(|| starting[0])
-            })
-            .map(|k| format!(" (did you mean '{k}'?)"))
-            .unwrap_or_default();
-        format!(
-            "{}: unknown option '{name}'{hint}\n{}\n(torch-arena help: every option)",
-            self.cmd, self.synopsis
-        )
-    }
-}
+use crate::usage::{
+    ABOUT, DEFAULT_SEED, DEMO_LONG_ABOUT, EXIT_STATUS_HELP, FIT_AFTER_HELP, LIVE_TOP_TEXT,
+    REPLAY_AFTER_HELP, REPLAY_JSON_HELP, SYNTH_AFTER_HELP, TOP_AFTER_HELP, TRACE_FORMS_HELP,
+};
 
 pub(crate) const SIZE_FORMS: &str = "a number and a unit: B, KiB, MiB, GiB, TiB (powers of 1024) or \
 KB, MB, GB, TB (powers of 1000), e.g. 80GiB, 512MiB, 1.5GB";
@@ -160,23 +58,29 @@ pub(crate) fn parse_size(text: &str) -> CliResult<u64> {
     value.ok_or_else(|| bad(" (too large)"))
 }
 
+/// A `--capacity`: a size of at least one byte.
 pub(crate) fn parse_capacity(text: &str) -> CliResult<u64> {
-    let c = parse_size(text).map_err(|e| format!("--capacity: {e}"))?;
+    let c = parse_size(text)?;
     if c == 0 {
-        return Err("--capacity: must be more than 0 bytes".into());
+        return Err("must be more than 0 bytes".into());
     }
     Ok(c)
 }
 
 /// A whole number, `_` allowed as a separator (`100_000`).
-pub(crate) fn parse_count(what: &str, text: &str) -> CliResult<u64> {
+pub(crate) fn parse_whole(text: &str) -> CliResult<u64> {
     text.replace('_', "")
         .parse()
-        .map_err(|_| format!("{what}: '{text}' is not a whole number"))
+        .map_err(|_| format!("'{text}' is not a whole number"))
+}
+
+/// [`parse_whole`], its error naming `what` (a field of a synthetic spec).
+pub(crate) fn parse_count(what: &str, text: &str) -> CliResult<u64> {
+    parse_whole(text).map_err(|e| format!("{what}: {e}"))
 }
 
 /// Parse a duration such as `0`, `500us`, `5ms`, `1.5s` into nanoseconds.
-pub(crate) fn parse_duration(what: &str, text: &str) -> CliResult<u64> {
+pub(crate) fn parse_duration(text: &str) -> CliResult<u64> {
     let t = text.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -184,7 +88,7 @@ pub(crate) fn parse_duration(what: &str, text: &str) -> CliResult<u64> {
     let (num, unit) = (&t[..split], t[split..].trim());
     let bad = || {
         format!(
-            "{what}: '{text}' is not a duration: expected 0 or a number and a unit: ns, us (or \
+            "'{text}' is not a duration: expected 0 or a number and a unit: ns, us (or \
              µs), ms, s, e.g. 500us, 5ms"
         )
     };
@@ -235,8 +139,13 @@ const DEFAULT_WORKLOAD_STEPS: u32 = 3;
 impl SynthSpec {
     /// Parse `synth:adversarial:CAPACITY` or `synth:rmm-random:N:MAX[:SEED]`.
     pub(crate) fn parse(text: &str) -> CliResult<SynthSpec> {
+        SynthSpec::parse_spec(text).map_err(|e| format!("trace '{text}': {e}"))
+    }
+
+    /// [`SynthSpec::parse`], its error without the spec (clap's message names it).
+    fn parse_spec(text: &str) -> CliResult<SynthSpec> {
         let parts: Vec<&str> = text.split(':').collect();
-        let err = |why: String| format!("trace '{text}': {why}; accepted: {SYNTH_FORMS}");
+        let err = |why: String| format!("{why}; accepted: {SYNTH_FORMS}");
         match parts.as_slice() {
             ["synth", "adversarial", cap] => {
                 let capacity = parse_size(cap).map_err(err)?;
@@ -327,18 +236,41 @@ pub(crate) enum TraceArg {
 }
 
 impl TraceArg {
-    /// Check the argument before any work: a synthetic spec parses, a file exists and is a file.
-    pub(crate) fn parse(text: &str) -> CliResult<TraceArg> {
+    /// A trace argument as clap reads it (a value parser): a synthetic spec must parse; a file
+    /// is checked by [`TraceArg::check`] once every argument is read, so that every missing
+    /// file is named at once.
+    pub(crate) fn from_arg(text: &str) -> CliResult<TraceArg> {
         if text.starts_with("synth:") {
-            return Ok(TraceArg::Synth(SynthSpec::parse(text)?, text.to_string()));
+            return Ok(TraceArg::Synth(
+                SynthSpec::parse_spec(text)?,
+                text.to_string(),
+            ));
         }
-        let path = PathBuf::from(text);
-        match std::fs::metadata(&path) {
+        Ok(TraceArg::File(PathBuf::from(text)))
+    }
+
+    /// Check the argument before any work: a file exists and is a file.
+    pub(crate) fn check(&self) -> CliResult<()> {
+        let TraceArg::File(path) = self else {
+            return Ok(());
+        };
+        let text = path.display();
+        match std::fs::metadata(path) {
             Ok(m) if m.is_dir() => Err(format!(
                 "cannot read trace '{text}': it is a directory (give the trace files in it)"
             )),
-            Ok(_) => Ok(TraceArg::File(path)),
+            Ok(_) => Ok(()),
             Err(e) => Err(format!("cannot read trace '{text}': {e}")),
+        }
+    }
+
+    /// Every argument checked ([`TraceArg::check`]); the errors of all, one per line.
+    pub(crate) fn check_all(traces: &[TraceArg]) -> CliResult<()> {
+        let bad: Vec<String> = traces.iter().filter_map(|t| t.check().err()).collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(bad.join("\ntorch-arena: "))
         }
     }
 
@@ -407,4 +339,355 @@ fn load_warning(path: &Path) -> torch_arena::error::Result<Trace> {
         errln!("torch-arena: warning: {w}");
     }
     Ok(trace)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line, as clap reads it: every command, option and value; the checks that need
+// more than one value (a trace without its file, `demo --model` with a replay option) are the
+// commands' own.
+
+/// `torch-arena`: its commands.
+#[derive(Parser, Debug)]
+#[command(
+    name = "torch-arena",
+    version,
+    about = ABOUT,
+    after_help = "TRACE forms, SIZE and exit status: torch-arena --help",
+    after_long_help = TOP_AFTER_HELP,
+    // An option given twice: the last one counts (`--capacity 1GiB --capacity 2GiB`), as
+    // before clap; repeatable ones (`--conf`, `--native-conf`) collect every value.
+    args_override_self = true,
+    subcommand_required = true,
+    // Help wrapped to the terminal, at most 100 columns (as the texts are).
+    max_term_width = 100,
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: CliCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum CliCommand {
+    /// replay each trace under each setting; print per trace the peak requested and reserved
+    /// bytes, fragmentation, speed and driver calls, and where memory ran out
+    #[command(after_long_help = REPLAY_AFTER_HELP)]
+    Replay(ReplayArgs),
+    /// the smallest GPU on which each trace runs with no out-of-memory, for the arena and for
+    /// PyTorch's native allocator under each of its settings, and what the last step costs there
+    #[command(after_long_help = FIT_AFTER_HELP)]
+    Fit(FitArgs),
+    /// write a synthetic trace in torch-arena's trace format
+    #[command(after_long_help = SYNTH_AFTER_HELP)]
+    Synth(SynthArgs),
+    /// write any trace (a PyTorch snapshot, an RMM log, a synthetic trace) in torch-arena's trace
+    /// format (gzipped if FILE ends in .gz)
+    #[command(after_long_help = TRACE_FORMS_HELP)]
+    Convert(ConvertArgs),
+    /// replay the training-loop trace the project ships against the emulated native allocator,
+    /// and explain the result
+    #[command(long_about = DEMO_LONG_ABOUT, after_long_help = EXIT_STATUS_HELP)]
+    Demo(DemoArgs),
+    /// print a shell completion script for torch-arena (bash, zsh, fish, elvish, powershell),
+    /// e.g. `torch-arena completions bash > ~/.local/share/bash-completion/completions/torch-arena`
+    Completions {
+        /// the shell the script is for
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// the version of torch-arena (also --version, -V)
+    #[command(hide = true)]
+    Version,
+}
+
+/// `--progress` / `--no-progress`: the last given counts.
+#[derive(Args, Debug, Default)]
+pub(crate) struct ProgressArgs {
+    /// show progress on stderr even when it is not a terminal
+    #[arg(long, overrides_with = "no_progress")]
+    progress: bool,
+    /// never show progress (default: shown when stderr is a terminal)
+    #[arg(long, overrides_with = "progress")]
+    no_progress: bool,
+}
+
+impl ProgressArgs {
+    /// `Some(true)` for `--progress`, `Some(false)` for `--no-progress`, else `None`.
+    pub(crate) fn choice(&self) -> Option<bool> {
+        match (self.progress, self.no_progress) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ReplayArgs {
+    /// the traces to replay: files or synthetic specs (TRACE forms below)
+    #[arg(value_name = "TRACE", value_parser = TraceArg::from_arg)]
+    pub(crate) traces: Vec<TraceArg>,
+    /// memory of the simulated GPU (default 80GiB)
+    #[arg(long, value_name = "SIZE", value_parser = parse_capacity, allow_hyphen_values = true)]
+    pub(crate) capacity: Option<u64>,
+    /// arena settings in TORCH_ARENA_CONF syntax, e.g. stitch:False,page_size_mb:4; repeat for a
+    /// sweep
+    ///
+    /// One replay per CONF (default: one, with the defaults). The device is always the simulated
+    /// one with --capacity (so no sim_capacity_mb here)
+    #[arg(long = "conf", value_name = "CONF", allow_hyphen_values = true)]
+    pub(crate) confs: Vec<String>,
+    /// also emulate PyTorch's native caching allocator on each trace
+    ///
+    /// Under the expandable_segments and max_split_size the snapshot recorded (torch >= 2.5), else
+    /// PyTorch's defaults (no max_split_size, no expandable segments, 20 MiB large segments).
+    /// What the native allocator recorded in the trace itself (PyTorch snapshots with segment
+    /// events) is always shown
+    #[arg(long)]
+    pub(crate) native: bool,
+    /// also emulate the native allocator under SETTINGS (PYTORCH_CUDA_ALLOC_CONF's grammar);
+    /// repeat for more
+    ///
+    /// As for fit; an empty one is the defaults. One more row per setting in every table, one
+    /// more line in plots. The JSON fields native_emulated_* and native_*
+    /// describe the first emulation (--native's, else the first --native-conf); native_emulated
+    /// lists them all
+    #[arg(
+        long = "native-conf",
+        value_name = "SETTINGS",
+        allow_hyphen_values = true
+    )]
+    pub(crate) native_confs: Vec<String>,
+    /// replay each trace N times in a row, one step per pass (default 1)
+    ///
+    /// What is live at the end of a pass stays live, what a pass allocates and frees is allocated
+    /// and freed again. Tables add a steady-state table (first and last step)
+    #[arg(long, value_name = "N", value_parser = parse_repeat, allow_hyphen_values = true)]
+    pub(crate) repeat: Option<u32>,
+    /// GPU work finishes this long after the host queues it (0, 500us, 5ms; default 2ms)
+    ///
+    /// The default is BENCHMARKS.md's. Memory freed while earlier kernels still use it can leave its stream only
+    /// once they finish; a synchronising call that waits for them is a host stall. The clock is
+    /// the trace's timestamps, else 10 µs per event. 0 replays as if the GPU finished everything
+    /// at once
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub(crate) gpu_lag: Option<u64>,
+    /// latencies of the driver calls, one `NAME = MICROSECONDS` per line
+    ///
+    /// E.g. cuMemCreate = 7.6; `NAME per GiB = MICROSECONDS` adds a term per GiB for cuMemCreate, cuMemRelease,
+    /// cuMemAlloc and cuMemFree. Unnamed calls keep the defaults, measured on an H200 (in a
+    /// source checkout: bench/costs/h200.txt; the former A100 defaults: bench/costs/a100.txt).
+    /// The conf key driver_costs:FILE does the same for one --conf of a sweep
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) driver_costs: Option<String>,
+    /// back the simulated pages with host memory and check every live allocation's bytes (slow:
+    /// for small traces)
+    #[arg(long)]
+    pub(crate) backing: bool,
+    /// after every event, check that the stats are exact and that no live allocations overlap
+    /// (slow)
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// after each trace, what was live by allocation site (the N largest, default 10)
+    ///
+    /// Per site: bytes, count, the largest sizes; at the peak of requested bytes, or just before the event where
+    /// the arena ran out of memory; in --json, the fields live and live_at
+    #[arg(
+        long,
+        value_name = "N",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = LIVE_TOP_TEXT,
+        value_parser = parse_live,
+    )]
+    pub(crate) live: Option<usize>,
+    /// print one JSON object per line per (trace, CONF) instead of tables
+    #[arg(long, long_help = REPLAY_JSON_HELP)]
+    pub(crate) json: bool,
+    /// draw requested and reserved bytes over each trace into FILE (.svg or .png)
+    ///
+    /// With the capacity, the seeded part, out-of-memory markers and each allocator's modelled driver
+    /// time (right axis): one panel per trace, stacked in one image; with {trace} in FILE, one
+    /// file per trace, {trace} replaced by the trace's name. More than 6 traces in one FILE make
+    /// an overview chart instead: per trace, ours / native peak reserved and modelled driver time
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) plot: Option<String>,
+    #[command(flatten)]
+    pub(crate) progress: ProgressArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct FitArgs {
+    /// the traces to fit: files or synthetic specs (TRACE forms below)
+    #[arg(value_name = "TRACE", value_parser = TraceArg::from_arg)]
+    pub(crate) traces: Vec<TraceArg>,
+    /// arena settings, as for replay; repeat for more (default: the defaults)
+    #[arg(long = "conf", value_name = "CONF", allow_hyphen_values = true)]
+    pub(crate) confs: Vec<String>,
+    /// PyTorch's native allocator under SETTINGS, in PYTORCH_CUDA_ALLOC_CONF's grammar; repeat
+    /// for more
+    ///
+    /// E.g. expandable_segments:True, max_split_size_mb:512, roundup_power2_divisions:[256:1,>:4],
+    /// garbage_collection_threshold:0.8 with per_process_memory_fraction:0.9); repeat for more;
+    /// an empty one is the defaults. Default: the defaults, expandable_segments:True, and the
+    /// settings a snapshot recorded where it has them. Emulated: max_split_size_mb,
+    /// max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
+    /// garbage_collection_threshold, per_process_memory_fraction, expandable_segments;
+    /// pinned-memory and locking settings are accepted and change nothing;
+    /// backend:cudaMallocAsync is refused (not emulated)
+    #[arg(
+        long = "native-conf",
+        value_name = "SETTINGS",
+        allow_hyphen_values = true
+    )]
+    pub(crate) native_confs: Vec<String>,
+    /// every one of N steps must run (default 1); the cost shown is the last step's
+    #[arg(long, value_name = "N", value_parser = parse_repeat, allow_hyphen_values = true)]
+    pub(crate) repeat: Option<u32>,
+    /// as for replay, but the GPU lag defaults to 0
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub(crate) gpu_lag: Option<u64>,
+    /// as for replay
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) driver_costs: Option<String>,
+    /// traces fitted at once (default: one per core)
+    #[arg(short, long, value_name = "N", value_parser = parse_jobs, allow_hyphen_values = true)]
+    pub(crate) jobs: Option<usize>,
+    /// per trace, the last step's modelled driver time over capacities near the minimums
+    ///
+    /// Devices from the least minimum to 10 % past the largest (12 capacities, each allocator replayed at each), with a dashed line
+    /// where each starts to fit; up to 6 traces stack in one image, more make an overview (each
+    /// minimum over the bytes requested, a dot per allocator); {trace} in FILE writes one file
+    /// per trace
+    #[arg(long, value_name = "FILE.svg", allow_hyphen_values = true)]
+    pub(crate) plot: Option<String>,
+    /// one JSON object per trace
+    ///
+    /// Fields: trace, path, source, kind, events, peak_requested_bytes (over
+    /// every step), repeat, gpu_lag_us, best_native_bytes (the least of the native settings'
+    /// minimums), and fit: one object per allocator and setting with allocator (arena or
+    /// native), conf (as given, empty for the defaults), min_capacity_bytes (null: does not fit
+    /// on any device up to 1 PiB), ratio_to_requested, saved_vs_best_native_bytes (positive:
+    /// needs less), trials (replays the bisection ran) and last_step at the minimum
+    /// (memory_driver_calls, driver_calls, driver_calls_by_kind, modelled_driver_s,
+    /// modelled_stall_s). A trace that cannot be read gets {trace, path, error}
+    #[arg(long)]
+    pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) progress: ProgressArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SynthArgs {
+    /// adversarial or rmm-random (or a synth:... spec, as replay takes)
+    #[arg(value_name = "KIND")]
+    pub(crate) kind: Option<String>,
+    /// adversarial: the capacity at which the native allocator's policy runs out of memory while
+    /// the arena fits (default 80GiB)
+    #[arg(long, value_name = "SIZE", value_parser = parse_capacity, allow_hyphen_values = true)]
+    pub(crate) capacity: Option<u64>,
+    /// rmm-random: N allocations
+    #[arg(long = "n", value_name = "N", value_parser = parse_whole, allow_hyphen_values = true)]
+    pub(crate) n: Option<u64>,
+    /// rmm-random: sizes uniform in [1, MAX]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, allow_hyphen_values = true)]
+    pub(crate) max: Option<u64>,
+    /// rmm-random: the seed (default 1)
+    #[arg(long, value_name = "S", value_parser = parse_whole, allow_hyphen_values = true)]
+    pub(crate) seed: Option<u64>,
+    /// where to write it, in torch-arena's trace format (gzipped if FILE ends in .gz)
+    #[arg(short, long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ConvertArgs {
+    /// the trace to convert: a file or a synthetic spec (TRACE forms below)
+    #[arg(value_name = "TRACE", value_parser = TraceArg::from_arg)]
+    pub(crate) trace: Option<TraceArg>,
+    /// where to write it, in torch-arena's trace format (gzipped if FILE ends in .gz)
+    #[arg(short, long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DemoArgs {
+    /// run the modelled training loop itself through the arena and print per-step memory_stats
+    /// figures and memory_summary
+    ///
+    /// Default 8 steps; CONF default device:sim; add trace:PATH to the CONF to record it
+    #[arg(long)]
+    pub(crate) model: bool,
+    /// with --model: the steps to run (default 8); --steps implies --model
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32), allow_hyphen_values = true)]
+    pub(crate) steps: Option<u32>,
+    /// arena settings, as for replay (with --model, default device:sim)
+    #[arg(long, value_name = "CONF", allow_hyphen_values = true)]
+    pub(crate) conf: Option<String>,
+    /// as for replay
+    #[arg(long, value_name = "SIZE", value_parser = parse_capacity, allow_hyphen_values = true)]
+    pub(crate) capacity: Option<u64>,
+    /// as for replay (default 3: the table shows steady-state calls per step beside the native
+    /// allocator's)
+    #[arg(long, value_name = "N", value_parser = parse_repeat, allow_hyphen_values = true)]
+    pub(crate) repeat: Option<u32>,
+    /// as for replay
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub(crate) gpu_lag: Option<u64>,
+    /// as for replay
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) driver_costs: Option<String>,
+    /// as for replay
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true)]
+    pub(crate) plot: Option<String>,
+    #[command(flatten)]
+    pub(crate) progress: ProgressArgs,
+    /// (a trace given to demo: refused, with the replay command that replays it)
+    #[arg(hide = true, value_name = "TRACE")]
+    pub(crate) unexpected: Vec<String>,
+}
+
+/// `--repeat N`: 1 to 1,000,000 passes.
+pub(crate) fn parse_repeat(text: &str) -> CliResult<u32> {
+    match parse_whole(text)? {
+        n @ 1..=1_000_000 => Ok(n as u32),
+        _ => Err("must be from 1 to 1000000 (passes over the trace)".into()),
+    }
+}
+
+/// `-j, --jobs N`: 1 to 1024 worker threads.
+pub(crate) fn parse_jobs(text: &str) -> CliResult<usize> {
+    match parse_whole(text)? {
+        n @ 1..=1024 => Ok(n as usize),
+        _ => Err("must be from 1 to 1024 (worker threads)".into()),
+    }
+}
+
+/// `--live=N`: at least one site (at most 2^20 shown).
+pub(crate) fn parse_live(text: &str) -> CliResult<usize> {
+    match parse_whole(text)? {
+        0 => Err("show at least 1 site (--live=N, N >= 1)".into()),
+        n => Ok(n.min(1 << 20) as usize),
+    }
+}
+
+/// Parse the command line (without the program's name); clap's errors as they come.
+pub(crate) fn parse_args(args: &[String]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("torch-arena".to_string()).chain(args.iter().cloned()))
+}
+
+/// The usage line of `sub` ("Usage: torch-arena replay [OPTIONS] [TRACE]..."), for the errors
+/// the commands find themselves.
+pub(crate) fn usage_of(sub: &str) -> String {
+    let mut cmd = Cli::command();
+    cmd.build();
+    cmd.find_subcommand_mut(sub)
+        .map(|c| c.render_usage().to_string())
+        .unwrap_or_default()
+}
+
+/// The completion script of `shell`.
+pub(crate) fn completions(shell: Shell) -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "torch-arena", &mut out);
+    out
 }

@@ -1,51 +1,33 @@
 //! `torch-arena convert`: any trace into torch-arena's trace format.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use torch_arena_lab::Trace;
 
 use crate::out::CliResult;
 
-use crate::args::{ArgCursor, Item, TraceArg};
+use crate::args::{ConvertArgs, usage_of};
 use crate::text::{fmt_bytes, fmt_count};
-use crate::usage::{CONVERT_SYNOPSIS, USAGE};
 
 /// `torch-arena convert TRACE -o FILE`.
-pub(crate) fn convert_command(args: &[String]) -> CliResult<u8> {
-    let mut cur = ArgCursor::new(args, "convert", CONVERT_SYNOPSIS, &["-o", "--output"]);
-    let (mut input, mut out) = (None, None);
-    while let Some(item) = cur.next_item() {
-        match item {
-            Item::Positional(p) if input.is_none() => input = Some(p),
-            Item::Positional(p) => {
-                return Err(format!(
-                    "convert: unexpected argument '{p}' (one TRACE only)\n{CONVERT_SYNOPSIS}"
-                ));
-            }
-            Item::Opt(name, inline) => match name.as_str() {
-                "-o" | "--output" => out = Some(PathBuf::from(cur.value(&name, inline)?)),
-                "-h" | "--help" => {
-                    out!("{USAGE}")?;
-                    return Ok(0);
-                }
-                _ => return Err(cur.unknown(&name)),
-            },
-        }
-    }
-    let Some(input) = input else {
-        return Err(format!("convert: which trace?\n{CONVERT_SYNOPSIS}"));
+pub(crate) fn convert_command(a: ConvertArgs) -> CliResult<u8> {
+    let Some(input) = a.trace else {
+        return Err(format!("convert: which trace?\n{}", usage_of("convert")));
     };
-    let Some(out) = out else {
+    let Some(out) = a.output else {
         return Err(format!(
-            "convert: -o FILE is required (where to write the trace)\n{CONVERT_SYNOPSIS}"
+            "convert: -o FILE is required (where to write the trace)\n{}",
+            usage_of("convert")
         ));
     };
-    let trace = TraceArg::parse(&input)?.load()?;
+    input.check()?;
+    let trace = input.load()?;
     write_trace(&trace, &out)?;
     outln!(
-        "wrote {}: the {} trace {input}, {} events ({} seeded), peak requested {}",
+        "wrote {}: the {} trace {}, {} events ({} seeded), peak requested {}",
         out.display(),
         trace.kind.as_str(),
+        input.text(),
         fmt_count(trace.events.len() as u64),
         fmt_count(trace.seeded as u64),
         fmt_bytes(trace.peak_requested())

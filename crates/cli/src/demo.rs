@@ -17,14 +17,14 @@ use crate::replay::print_outcome;
 use torch_arena::config::{Config, DeviceKind};
 use torch_arena_lab::replay::{ReplayResult, StepStats, Timing};
 
-use crate::args::{ArgCursor, Item, TraceArg, parse_capacity};
+use crate::args::{DemoArgs, TraceArg, usage_of};
 use crate::fit::{best_native, fit_default_settings, fit_rows};
 use crate::replay_plot::{panel, plot_path_for, write_plot};
 use crate::replay_run::{ReplaySettings, TraceOutcome, replay_trace};
 use crate::text::{
     fmt_bytes, fmt_count, fmt_frag, fmt_ns, fmt_secs, fragmentation, nb, print_table, wrap,
 };
-use crate::usage::{DEFAULT_CAPACITY, DEMO_REPEAT, DEMO_SYNOPSIS, EXIT_OOM, USAGE};
+use crate::usage::{DEFAULT_CAPACITY, DEMO_REPEAT, EXIT_OOM};
 
 /// Where the shipped demo trace lives, relative to the source tree.
 pub(crate) const DEMO_TRACE_REL: &str = "traces/demo-train.trace.gz";
@@ -34,69 +34,16 @@ pub(crate) const DEMO_TRACE: &[u8] = include_bytes!("../../../traces/demo-train.
 /// Its name in tables and plots.
 pub(crate) const DEMO_TRACE_NAME: &str = "demo-train.trace.gz";
 
-pub(crate) const DEMO_OPTIONS: &[&str] = &[
-    "--model",
-    "--steps",
-    "--conf",
-    "--capacity",
-    "--repeat",
-    "--gpu-lag",
-    "--driver-costs",
-    "--plot",
-    "--progress",
-    "--no-progress",
-    "--help",
-];
-
-pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
-    let mut cur = ArgCursor::new(args, "demo", DEMO_SYNOPSIS, DEMO_OPTIONS);
-    let mut model = false;
-    let mut steps: Option<u32> = None;
-    let mut conf: Option<String> = None;
-    let mut capacity: Option<u64> = None;
-    let mut plot_file: Option<String> = None;
-    let mut progress = None;
-    let mut timing: Vec<(String, String)> = Vec::new();
-    while let Some(item) = cur.next_item() {
-        let (name, inline) = match item {
-            Item::Positional(p) => {
-                return Err(format!(
-                    "demo: unexpected argument '{p}' (to replay a trace of your own: torch-arena replay {p})\n{DEMO_SYNOPSIS}"
-                ));
-            }
-            Item::Opt(n, v) => (n, v),
-        };
-        match name.as_str() {
-            "--model" => {
-                cur.flag(&name, inline)?;
-                model = true;
-            }
-            "--progress" | "--no-progress" => {
-                cur.flag(&name, inline)?;
-                progress = Some(name == "--progress");
-            }
-            "--steps" => {
-                let v = cur.value(&name, inline)?;
-                steps = Some(
-                    v.parse()
-                        .map_err(|_| format!("--steps: '{v}' is not a whole number"))?,
-                );
-            }
-            "--conf" => conf = Some(cur.value(&name, inline)?),
-            "--capacity" => capacity = Some(parse_capacity(&cur.value(&name, inline)?)?),
-            "--plot" => plot_file = Some(cur.value(&name, inline)?),
-            "--repeat" | "--gpu-lag" | "--driver-costs" => {
-                let v = cur.value(&name, inline)?;
-                timing.push((name, v));
-            }
-            "-h" | "--help" => {
-                return out!("{USAGE}").map(|()| 0);
-            }
-            _ => return Err(cur.unknown(&name)),
-        }
+pub(crate) fn demo_command(a: DemoArgs) -> CliResult<u8> {
+    if let Some(p) = a.unexpected.first() {
+        return Err(format!(
+            "demo: unexpected argument '{p}' (to replay a trace of your own: torch-arena replay {p})\n{}",
+            usage_of("demo")
+        ));
     }
-    if model || steps.is_some() {
-        if capacity.is_some() || plot_file.is_some() || !timing.is_empty() {
+    let timing_given = a.repeat.is_some() || a.gpu_lag.is_some() || a.driver_costs.is_some();
+    if a.model || a.steps.is_some() {
+        if a.capacity.is_some() || a.plot.is_some() || timing_given {
             return Err(
                 "demo --model runs the loop itself: --capacity, --plot, --repeat, --gpu-lag and \
                  --driver-costs are for the trace replay (for the model, set the capacity with \
@@ -104,16 +51,19 @@ pub(crate) fn demo_command(args: &[String]) -> CliResult<u8> {
                     .into(),
             );
         }
-        return model_demo(steps.unwrap_or(8), conf.as_deref().unwrap_or("device:sim"));
+        return model_demo(
+            a.steps.unwrap_or(8),
+            a.conf.as_deref().unwrap_or("device:sim"),
+        );
     }
+    let progress = a.progress.choice();
+    let (capacity, plot_file, conf) = (a.capacity, a.plot, a.conf);
     let mut s = ReplaySettings::new(progress);
     s.native = true;
     s.capacity = capacity.unwrap_or(DEFAULT_CAPACITY);
     // Three passes by default, so the table shows a warm step beside the first.
     s.timing.repeat = DEMO_REPEAT;
-    for (name, v) in &timing {
-        s.timing_option(name, v)?;
-    }
+    s.set_timing(a.repeat, a.gpu_lag, a.driver_costs.as_deref())?;
     s.plot = plot_file;
     s.add_conf(conf.as_deref().unwrap_or(""))?;
     s.check_plot()?;

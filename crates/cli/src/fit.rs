@@ -6,6 +6,8 @@
 use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
+use serde::Serialize;
+
 use torch_arena::config::Config;
 use torch_arena_lab::Trace;
 use torch_arena_lab::native::NativeOptions;
@@ -14,12 +16,11 @@ use torch_arena_lab::replay::Timing;
 use crate::fit_plot;
 use crate::out::CliResult;
 
-use crate::args::{ArgCursor, Item, TraceArg, native_conf_arg, parse_count};
-use crate::json::{JsonObject, calls_json};
+use crate::args::{FitArgs, TraceArg, native_conf_arg, usage_of};
+use crate::json::{CallsByKind, LoadError, to_line};
 use crate::progress::{ProgressBar, stderr_is_terminal};
 use crate::replay_run::{ReplaySettings, TraceInfo, conf_name, timing_under, trace_info};
 use crate::text::{fmt_bytes, fmt_count, fmt_secs, print_table, source_key, source_name};
-use crate::usage::{FIT_OPTIONS, FIT_SYNOPSIS, USAGE};
 
 pub(crate) use torch_arena_lab::fit::Fit;
 use torch_arena_lab::fit::{self as lib_fit, Allocator};
@@ -53,60 +54,26 @@ struct TraceFit {
 /// The native settings compared when none is given.
 const DEFAULT_NATIVE_CONFS: [&str; 2] = ["", "expandable_segments:True"];
 
-pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
-    let mut cur = ArgCursor::new(args, "fit", FIT_SYNOPSIS, FIT_OPTIONS);
-    let mut progress = None;
+pub(crate) fn fit_command(a: FitArgs) -> CliResult<u8> {
     let mut replay = ReplaySettings::new(Some(false));
     // Bytes at the limit, as the GPU would finish everything at once unless told.
     replay.timing.gpu_lag_ns = 0;
-    let mut native_confs = Vec::new();
-    let (mut json, mut jobs, mut plot) = (false, None, None);
-    let mut trace_texts = Vec::new();
-    while let Some(item) = cur.next_item() {
-        let (name, inline) = match item {
-            Item::Positional(p) => {
-                trace_texts.push(p);
-                continue;
-            }
-            Item::Opt(n, v) => (n, v),
-        };
-        match name.as_str() {
-            "--conf" => replay.add_conf(&cur.value(&name, inline)?)?,
-            "--native-conf" => native_confs.push(native_conf_arg(&cur.value(&name, inline)?)?),
-            "--repeat" | "--gpu-lag" | "--driver-costs" => {
-                let v = cur.value(&name, inline)?;
-                replay.timing_option(&name, &v)?;
-            }
-            "--plot" => {
-                let v = cur.value(&name, inline)?;
-                fit_plot::check_plot_path(&v)?;
-                plot = Some(v);
-            }
-            "-j" | "--jobs" => {
-                let v = cur.value(&name, inline)?;
-                let n = parse_count(&name, &v)?;
-                if !(1..=1024).contains(&n) {
-                    return Err(format!(
-                        "{name}: '{v}' must be from 1 to 1024 (worker threads)"
-                    ));
-                }
-                jobs = Some(n as usize);
-            }
-            "--json" | "--progress" | "--no-progress" => {
-                cur.flag(&name, inline)?;
-                match name.as_str() {
-                    "--json" => json = true,
-                    "--progress" => progress = Some(true),
-                    _ => progress = Some(false),
-                }
-            }
-            "-h" | "--help" => return out!("{USAGE}").map(|()| 0),
-            _ => return Err(cur.unknown(&name)),
-        }
+    for c in &a.confs {
+        replay.add_conf(c)?;
     }
-    if trace_texts.is_empty() {
+    let mut native_confs = a
+        .native_confs
+        .iter()
+        .map(|c| native_conf_arg(c))
+        .collect::<CliResult<Vec<_>>>()?;
+    replay.set_timing(a.repeat, a.gpu_lag, a.driver_costs.as_deref())?;
+    if let Some(p) = &a.plot {
+        fit_plot::check_plot_path(p)?;
+    }
+    if a.traces.is_empty() {
         return Err(format!(
-            "fit: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{FIT_SYNOPSIS}"
+            "fit: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{}",
+            usage_of("fit")
         ));
     }
     if replay.confs.is_empty() {
@@ -116,10 +83,10 @@ pub(crate) fn fit_command(args: &[String]) -> CliResult<u8> {
     if !native_given {
         native_confs = DEFAULT_NATIVE_CONFS.iter().map(|c| c.to_string()).collect();
     }
-    let traces = trace_texts
-        .iter()
-        .map(|t| TraceArg::parse(t))
-        .collect::<CliResult<Vec<_>>>()?;
+    TraceArg::check_all(&a.traces)?;
+    let traces = a.traces;
+    let (json, jobs, plot) = (a.json, a.jobs, a.plot);
+    let progress = a.progress.choice();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let s = FitSettings {
         confs: replay.confs,
@@ -308,11 +275,11 @@ fn print_trace_fit(s: &FitSettings, arg: &TraceArg, r: CliResult<TraceFit>) -> C
             if s.json {
                 outln!(
                     "{}",
-                    JsonObject::new()
-                        .str("trace", &arg.name())
-                        .str("path", &arg.text())
-                        .str("error", &e)
-                        .finish()
+                    to_line(&LoadError {
+                        trace: &arg.name(),
+                        path: &arg.text(),
+                        error: &e,
+                    })
                 )?;
             } else {
                 errln!("torch-arena: {e}");
@@ -427,52 +394,75 @@ fn signed_bytes(saved: i64) -> String {
     }
 }
 
-/// One trace's JSON object (see `--json` in the usage).
+/// One line of `fit --json` (see `fit --help`).
+#[derive(Serialize)]
+struct FitLine<'a> {
+    trace: &'a str,
+    path: &'a str,
+    source: String,
+    kind: &'a str,
+    events: u64,
+    peak_requested_bytes: u64,
+    repeat: u64,
+    gpu_lag_us: f64,
+    best_native_bytes: Option<u64>,
+    fit: Vec<FitJson<'a>>,
+}
+
+/// One allocator and setting fitted.
+#[derive(Serialize)]
+struct FitJson<'a> {
+    allocator: &'a str,
+    conf: &'a str,
+    min_capacity_bytes: Option<u64>,
+    ratio_to_requested: Option<f64>,
+    saved_vs_best_native_bytes: Option<i64>,
+    trials: u64,
+    last_step: Option<LastStep>,
+}
+
+/// The last step at the minimum capacity.
+#[derive(Serialize)]
+struct LastStep {
+    memory_driver_calls: u64,
+    driver_calls: u64,
+    driver_calls_by_kind: CallsByKind,
+    modelled_driver_s: f64,
+    modelled_stall_s: f64,
+}
+
+/// One trace's JSON line.
 fn fit_json(s: &FitSettings, t: &TraceFit, best: Option<u64>) -> String {
     let peak = peak_requested(t);
-    let fits: Vec<String> = t
+    let fit = t
         .fits
         .iter()
-        .map(|f| {
-            let mut j = JsonObject::new();
-            j.str("allocator", f.allocator)
-                .str("conf", &f.conf)
-                .opt_num("min_capacity_bytes", f.min_capacity)
-                .opt_float(
-                    "ratio_to_requested",
-                    f.min_capacity.map(|c| c as f64 / peak.max(1) as f64),
-                );
-            match (f.min_capacity, best) {
-                (Some(c), Some(b)) => j.int("saved_vs_best_native_bytes", b as i64 - c as i64),
-                _ => j.raw("saved_vs_best_native_bytes", "null"),
-            };
-            j.num("trials", f.trials as u64);
-            match &f.at_min {
-                Some(a) => j.raw(
-                    "last_step",
-                    &JsonObject::new()
-                        .num("memory_driver_calls", a.last_step.calls.memory_calls())
-                        .num("driver_calls", a.last_step.calls.total())
-                        .raw("driver_calls_by_kind", &calls_json(&a.last_step.calls))
-                        .float("modelled_driver_s", a.last_step.modelled_driver_s)
-                        .float("modelled_stall_s", a.last_step.modelled_stall_s)
-                        .finish(),
-                ),
-                None => j.raw("last_step", "null"),
-            };
-            j.finish()
+        .map(|f| FitJson {
+            allocator: f.allocator,
+            conf: &f.conf,
+            min_capacity_bytes: f.min_capacity,
+            ratio_to_requested: f.min_capacity.map(|c| c as f64 / peak.max(1) as f64),
+            saved_vs_best_native_bytes: f.min_capacity.zip(best).map(|(c, b)| b as i64 - c as i64),
+            trials: f.trials as u64,
+            last_step: f.at_min.as_ref().map(|a| LastStep {
+                memory_driver_calls: a.last_step.calls.memory_calls(),
+                driver_calls: a.last_step.calls.total(),
+                driver_calls_by_kind: CallsByKind(a.last_step.calls),
+                modelled_driver_s: a.last_step.modelled_driver_s,
+                modelled_stall_s: a.last_step.modelled_stall_s,
+            }),
         })
         .collect();
-    JsonObject::new()
-        .str("trace", &t.info.name)
-        .str("path", &t.info.path)
-        .str("source", &source_key(t.info.source))
-        .str("kind", t.info.kind.as_str())
-        .num("events", t.info.events as u64)
-        .num("peak_requested_bytes", peak)
-        .num("repeat", s.timing.repeat as u64)
-        .float("gpu_lag_us", s.timing.gpu_lag_ns as f64 / 1e3)
-        .opt_num("best_native_bytes", best)
-        .raw("fit", &torch_arena::json::array(fits))
-        .finish()
+    to_line(&FitLine {
+        trace: &t.info.name,
+        path: &t.info.path,
+        source: source_key(t.info.source),
+        kind: t.info.kind.as_str(),
+        events: t.info.events as u64,
+        peak_requested_bytes: peak,
+        repeat: u64::from(s.timing.repeat),
+        gpu_lag_us: s.timing.gpu_lag_ns as f64 / 1e3,
+        best_native_bytes: best,
+        fit,
+    })
 }

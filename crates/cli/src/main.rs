@@ -11,21 +11,24 @@
 //! - `synth KIND -o FILE`: write a synthetic trace.
 //! - `demo`: replay the training-loop trace the project ships and explain the result;
 //!   `demo --model` runs the modelled training loop directly (how that trace is recorded).
+//! - `completions SHELL`: a shell completion script (clap_complete).
 //!
-//! Exit status: 0 when everything ran, 1 for bad usage, unreadable traces, unusable settings or
-//! output that cannot be written (one line on stderr, never a panic), 2 when a replay ran out
-//! of memory.
+//! The arguments are parsed by clap (`args.rs`). Exit status: 0 when everything ran, 1 for bad
+//! usage, unreadable traces, unusable settings or output that cannot be written (one line on
+//! stderr, never a panic), 2 when a replay ran out of memory.
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
+use args::{Cli, CliCommand, completions, parse_args};
+use clap::CommandFactory as _;
+use clap::error::ErrorKind;
 use convert::convert_command;
 use demo::demo_command;
 use fit::fit_command;
-use out::stdout_error;
+use out::{CliResult, stdout_error};
 use replay::replay_command;
 use synth::synth_command;
-use usage::USAGE;
 
 #[macro_use]
 mod out;
@@ -56,20 +59,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("replay") => replay_command(&args[1..]),
-        Some("synth") => synth_command(&args[1..]),
-        Some("convert") => convert_command(&args[1..]),
-        Some("demo") => demo_command(&args[1..]),
-        Some("fit") => fit_command(&args[1..]),
-        None | Some("help" | "-h" | "--help") => out!("{USAGE}").map(|()| 0),
-        Some("--version" | "-V" | "version") => {
-            outln!("torch-arena {}", env!("CARGO_PKG_VERSION")).map(|()| 0)
-        }
-        Some(other) => Err(format!(
-            "unknown command '{other}'; commands: replay, fit, synth, convert, demo, help\n\n{USAGE}"
-        )),
-    };
+    let result = run(&args);
     // What is still buffered must reach stdout too, or the failure be reported (the flush at
     // exit ignores errors).
     let result = result.and_then(|code| {
@@ -83,6 +73,50 @@ fn main() -> ExitCode {
         Err(e) => {
             errln!("torch-arena: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parse `args` and run the command; the exit status, or the message of a failure (exit 1).
+fn run(args: &[String]) -> CliResult<u8> {
+    // No command at all: the full help, as `torch-arena help` prints it.
+    if args.is_empty() {
+        return out!("{}", Cli::command().render_long_help()).map(|()| 0);
+    }
+    let cli = match parse_args(args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
+    match cli.command {
+        CliCommand::Replay(a) => replay_command(a),
+        CliCommand::Fit(a) => fit_command(a),
+        CliCommand::Synth(a) => synth_command(a),
+        CliCommand::Convert(a) => convert_command(a),
+        CliCommand::Demo(a) => demo_command(a),
+        CliCommand::Completions { shell } => {
+            std::io::stdout()
+                .lock()
+                .write_all(&completions(shell))
+                .map_err(stdout_error)?;
+            Ok(0)
+        }
+        CliCommand::Version => outln!("torch-arena {}", env!("CARGO_PKG_VERSION")).map(|()| 0),
+    }
+}
+
+/// What clap stopped at: help and the version go to stdout (exit 0, a failed write reported as
+/// any other); a usage error is one `torch-arena: ` message on stderr and exit 1, as every other
+/// failure (2 is for a replay that ran out of memory).
+fn clap_error(e: clap::Error) -> CliResult<u8> {
+    let text = e.render().to_string();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => out!("{text}").map(|()| 0),
+        kind => {
+            let mut msg = text.trim_end().trim_start_matches("error: ").to_string();
+            if kind == ErrorKind::InvalidSubcommand {
+                msg += "\n\ncommands: replay, fit, synth, convert, demo, completions, help";
+            }
+            Err(msg)
         }
     }
 }

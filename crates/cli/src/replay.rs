@@ -8,18 +8,17 @@ use torch_arena::config::Config;
 use crate::out::CliResult;
 use crate::progress::stderr_is_terminal;
 use crate::replay_run::{ReplaySettings, TraceInfo, TraceOutcome, conf_name, replay_trace};
-use crate::usage::REPLAY_OPTIONS;
 
 use torch_arena_lab::replay::{OomReport, StepStats, Timing};
 use torch_arena_lab::{Kind, live, plot};
 
-use crate::args::{ArgCursor, Item, TraceArg, native_conf_arg, parse_capacity, parse_count};
+use crate::args::{ReplayArgs, TraceArg, native_conf_arg, usage_of};
 use crate::replay_json::{json_lines, json_load_error};
 use crate::replay_plot::{overview_row, panel, plot_path_for, write_plot};
 use crate::text::{
     fmt_bytes, fmt_count, fmt_frag, fmt_ns, fmt_secs, fragmentation, print_table, source_name, wrap,
 };
-use crate::usage::{EXIT_OOM, LIVE_TOP, OVERVIEW_AFTER, REPLAY_SYNOPSIS, USAGE};
+use crate::usage::{EXIT_OOM, OVERVIEW_AFTER};
 
 /// The table of one trace, the out-of-memory reports and notes on the trace's kind.
 pub(crate) fn print_outcome(s: &ReplaySettings, o: &TraceOutcome) -> CliResult<()> {
@@ -276,58 +275,29 @@ pub(crate) fn print_oom(who: &str, i: &TraceInfo, o: &OomReport) -> CliResult<()
     Ok(())
 }
 
-pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
-    let mut cur = ArgCursor::new(args, "replay", REPLAY_SYNOPSIS, REPLAY_OPTIONS);
-    let mut progress = None;
+pub(crate) fn replay_command(a: ReplayArgs) -> CliResult<u8> {
     let mut s = ReplaySettings::new(Some(false));
-    let mut trace_texts = Vec::new();
-    while let Some(item) = cur.next_item() {
-        let (name, inline) = match item {
-            Item::Positional(p) => {
-                trace_texts.push(p);
-                continue;
-            }
-            Item::Opt(n, v) => (n, v),
-        };
-        match name.as_str() {
-            "--capacity" => s.capacity = parse_capacity(&cur.value(&name, inline)?)?,
-            "--conf" => s.add_conf(&cur.value(&name, inline)?)?,
-            "--native-conf" => s
-                .native_confs
-                .push(native_conf_arg(&cur.value(&name, inline)?)?),
-            "--plot" => s.plot = Some(cur.value(&name, inline)?),
-            "--repeat" | "--gpu-lag" | "--driver-costs" => {
-                let v = cur.value(&name, inline)?;
-                s.timing_option(&name, &v)?;
-            }
-            "--live" => {
-                s.live = match inline {
-                    None => LIVE_TOP,
-                    Some(v) => match parse_count("--live", &v)? {
-                        0 => return Err("--live: show at least 1 site (--live=N, N >= 1)".into()),
-                        n => n.min(1 << 20) as usize,
-                    },
-                };
-            }
-            "--native" | "--backing" | "--check" | "--json" | "--progress" | "--no-progress" => {
-                cur.flag(&name, inline)?;
-                match name.as_str() {
-                    "--native" => s.native = true,
-                    "--backing" => s.backing = true,
-                    "--check" => s.check = true,
-                    "--json" => s.json = true,
-                    "--progress" => progress = Some(true),
-                    _ => progress = Some(false),
-                }
-            }
-            "-h" | "--help" => return out!("{USAGE}").map(|()| 0),
-            _ => return Err(cur.unknown(&name)),
-        }
+    if let Some(c) = a.capacity {
+        s.capacity = c;
     }
-    s.progress = progress.unwrap_or_else(stderr_is_terminal);
-    if trace_texts.is_empty() {
+    for c in &a.confs {
+        s.add_conf(c)?;
+    }
+    for c in &a.native_confs {
+        s.native_confs.push(native_conf_arg(c)?);
+    }
+    s.set_timing(a.repeat, a.gpu_lag, a.driver_costs.as_deref())?;
+    s.plot = a.plot;
+    s.live = a.live.unwrap_or(0);
+    s.native = a.native;
+    s.backing = a.backing;
+    s.check = a.check;
+    s.json = a.json;
+    s.progress = a.progress.choice().unwrap_or_else(stderr_is_terminal);
+    if a.traces.is_empty() {
         return Err(format!(
-            "replay: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{REPLAY_SYNOPSIS}"
+            "replay: no trace given (a file, or e.g. synth:rmm-random:10000:64MiB)\n{}",
+            usage_of("replay")
         ));
     }
     if s.confs.is_empty() {
@@ -336,18 +306,8 @@ pub(crate) fn replay_command(args: &[String]) -> CliResult<u8> {
     s.check_plot()?;
     // Every argument is checked before any replay starts: a typo in the last file name should
     // not cost the time of replaying the others first.
-    let mut traces = Vec::new();
-    let mut bad = Vec::new();
-    for t in &trace_texts {
-        match TraceArg::parse(t) {
-            Ok(a) => traces.push(a),
-            Err(e) => bad.push(e),
-        }
-    }
-    if !bad.is_empty() {
-        return Err(bad.join("\ntorch-arena: "));
-    }
-    run_replays(&s, &traces)
+    TraceArg::check_all(&a.traces)?;
+    run_replays(&s, &a.traces)
 }
 
 /// Replay every trace, printing as each finishes; returns the exit status.

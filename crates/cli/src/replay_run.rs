@@ -7,7 +7,7 @@ use torch_arena::device::costs::DriverCosts;
 use torch_arena_lab::live::LiveSet;
 use torch_arena_lab::replay as lib_replay;
 
-use crate::args::{TraceArg, parse_count, parse_duration};
+use crate::args::TraceArg;
 use crate::out::CliResult;
 use crate::progress::{ProgressBar, stderr_is_terminal, with_spinner};
 use crate::usage::DEFAULT_CAPACITY;
@@ -65,20 +65,22 @@ impl ReplaySettings {
         }
     }
 
-    /// `--repeat N`, `--gpu-lag DURATION` or `--driver-costs FILE`.
-    pub(crate) fn timing_option(&mut self, name: &str, value: &str) -> CliResult<()> {
-        match name {
-            "--repeat" => {
-                let n = parse_count("--repeat", value)?;
-                if !(1..=1_000_000).contains(&n) {
-                    return Err(format!(
-                        "--repeat: '{value}' must be from 1 to 1000000 (passes over the trace)"
-                    ));
-                }
-                self.timing.repeat = n as u32;
-            }
-            "--gpu-lag" => self.timing.gpu_lag_ns = parse_duration("--gpu-lag", value)?,
-            _ => self.timing.costs = DriverCosts::load(Path::new(value))?,
+    /// `--repeat N`, `--gpu-lag DURATION` and `--driver-costs FILE`, where given (the first two
+    /// checked by their value parsers; the costs file is read here).
+    pub(crate) fn set_timing(
+        &mut self,
+        repeat: Option<u32>,
+        gpu_lag_ns: Option<u64>,
+        driver_costs: Option<&str>,
+    ) -> CliResult<()> {
+        if let Some(n) = repeat {
+            self.timing.repeat = n;
+        }
+        if let Some(ns) = gpu_lag_ns {
+            self.timing.gpu_lag_ns = ns;
+        }
+        if let Some(path) = driver_costs {
+            self.timing.costs = DriverCosts::load(Path::new(path))?;
         }
         Ok(())
     }

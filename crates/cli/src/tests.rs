@@ -9,21 +9,22 @@ use torch_arena_lab::fit::Fit;
 use torch_arena_lab::native::NativeResult;
 
 use crate::demo::demo_reading;
-use crate::json::JsonObject;
-use crate::usage::REPLAY_OPTIONS;
+use crate::json::to_line;
 
 use torch_arena::arena::{Growth, GrowthCounts};
 use torch_arena::config::{Config, DeviceKind};
 use torch_arena_lab::replay::{OomReport, Point, ReplayResult, StepStats};
 use torch_arena_lab::{Kind, Source};
 
-use crate::args::{ArgCursor, Item, SYNTH_FORMS, SynthSpec, TraceArg, parse_capacity, parse_size};
+use crate::args::{
+    Cli, CliCommand, SYNTH_FORMS, SynthSpec, TraceArg, parse_args, parse_capacity, parse_size,
+};
 use crate::progress::shorten;
 use crate::replay_json::{json_lines, json_load_error};
 use crate::replay_plot::{panel, plot_path_for};
 use crate::replay_run::{Emulated, ReplaySettings, Run, TraceInfo, TraceOutcome};
 use crate::text::{fmt_bytes, fmt_count, fmt_frag, fmt_ns, fragmentation, nb, wrap};
-use crate::usage::{DEFAULT_SEED, REPLAY_SYNOPSIS};
+use crate::usage::DEFAULT_SEED;
 
 // The tests' one strict JSON reader (tests/common/json.rs), shared with the ABI tests.
 #[path = "../../../tests/common/json.rs"]
@@ -129,11 +130,13 @@ fn synth_specs() {
 
 #[test]
 fn trace_args_are_checked_up_front() {
-    let e = TraceArg::parse("/nonexistent/x.pickle").unwrap_err();
+    let check = |t: &str| TraceArg::from_arg(t).and_then(|a| a.check());
+    let e = check("/nonexistent/x.pickle").unwrap_err();
     assert!(e.contains("'/nonexistent/x.pickle'"), "{e}");
-    let e = TraceArg::parse("/").unwrap_err();
+    let e = check("/").unwrap_err();
     assert!(e.contains("directory"), "{e}");
-    let a = TraceArg::parse("synth:rmm-random:10:1MiB").unwrap();
+    let a = TraceArg::from_arg("synth:rmm-random:10:1MiB").unwrap();
+    assert_eq!(a.check(), Ok(()));
     assert_eq!(a.name(), "synth:rmm-random:10:1MiB");
     let f = TraceArg::File(PathBuf::from("a/b/run.pickle.gz"));
     assert_eq!(f.name(), "run.pickle.gz");
@@ -141,25 +144,41 @@ fn trace_args_are_checked_up_front() {
 }
 
 #[test]
-fn options_hint_and_values() {
-    let args: Vec<String> = ["--capacty", "1GiB"].map(String::from).to_vec();
-    let cur = ArgCursor::new(&args, "replay", REPLAY_SYNOPSIS, REPLAY_OPTIONS);
-    let e = cur.unknown("--capacty");
-    assert!(e.contains("did you mean '--capacity'?"), "{e}");
-    assert!(e.contains(REPLAY_SYNOPSIS));
-    let args: Vec<String> = ["--conf=stitch:False", "--", "--x"]
-        .map(String::from)
-        .to_vec();
-    let mut cur = ArgCursor::new(&args, "replay", REPLAY_SYNOPSIS, REPLAY_OPTIONS);
-    match cur.next_item() {
-        Some(Item::Opt(n, v)) => {
-            assert_eq!(n, "--conf");
-            assert_eq!(cur.value(&n, v).unwrap(), "stitch:False");
-        }
-        _ => panic!("expected an option"),
-    }
-    assert!(matches!(cur.next_item(), Some(Item::Positional(p)) if p == "--x"));
-    assert!(cur.next_item().is_none());
+fn options_and_values_as_clap_reads_them() {
+    let args: Vec<String> = [
+        "replay",
+        "--conf=stitch:False",
+        "--capacity",
+        "1GiB",
+        "--capacity=2GiB",
+        "--live",
+        "synth:llm-serve",
+        "--",
+        "--x",
+    ]
+    .map(String::from)
+    .to_vec();
+    let Ok(Cli {
+        command: CliCommand::Replay(a),
+    }) = parse_args(&args)
+    else {
+        panic!("replay");
+    };
+    assert_eq!(a.confs, ["stitch:False"]);
+    // The last of an option given twice counts; `--live` alone is the default 10 sites.
+    assert_eq!(a.capacity, Some(2 << 30));
+    assert_eq!(a.live, Some(10));
+    let names: Vec<String> = a.traces.iter().map(TraceArg::name).collect();
+    assert_eq!(names, ["synth:llm-serve", "--x"]);
+    // A misspelt option: clap names it and the option meant.
+    let e = parse_args(&["replay", "--capacty", "1GiB"].map(String::from))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("'--capacty'") && e.contains("'--capacity'"),
+        "{e}"
+    );
+    assert!(e.contains("Usage: torch-arena replay"), "{e}");
 }
 
 #[test]
@@ -204,15 +223,28 @@ fn formatting() {
 
 #[test]
 fn json_escapes() {
-    let line = JsonObject::new()
-        .str("k\"", "v\t\u{7f}\u{1f}")
-        .float("nan", f64::NAN)
-        .float("x", 0.25)
-        .opt_num("none", None)
-        .finish();
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "k\"")]
+        k: &'a str,
+        nan: f64,
+        x: f64,
+        whole: f64,
+        none: Option<u64>,
+        list: [u64; 2],
+    }
+    let line = to_line(&Line {
+        k: "v\t\u{7f}\u{1f}",
+        nan: f64::NAN,
+        x: 0.25,
+        whole: 1048576.0,
+        none: None,
+        list: [1, 2],
+    });
+    // The spacing the lines had before serde; a float always reads back as a float; NaN: null.
     assert_eq!(
         line,
-        "{\"k\\\"\": \"v\\t\u{7f}\\u001f\", \"nan\": null, \"x\": 0.25, \"none\": null}"
+        "{\"k\\\"\": \"v\\t\u{7f}\\u001f\", \"nan\": null, \"x\": 0.25, \"whole\": 1048576.0, \"none\": null, \"list\": [1, 2]}"
     );
     let v = parse_json(&line);
     assert_eq!(v.get("k\"").str(), "v\t\u{7f}\u{1f}");

@@ -52,35 +52,130 @@ fn assert_usage_error(o: &Output, says: &[&str]) {
 
 #[test]
 fn help_lists_commands_options_and_exit_codes() {
-    for args in [&[][..], &["help"], &["--help"], &["replay", "--help"]] {
+    // The whole command: its commands, the TRACE forms, SIZE and the exit status.
+    for args in [&[][..], &["help"], &["--help"]] {
         let o = torch_arena(args);
         assert_eq!(o.status.code(), Some(0));
         let out = stdout(&o);
         for s in [
-            "replay TRACE...",
-            "fit TRACE...",
-            "--native-conf SETTINGS",
-            "synth KIND",
-            "demo",
-            "--capacity SIZE",
-            "--conf CONF",
-            "--native",
-            "--backing",
-            "--check",
-            "--json",
-            "--plot FILE",
-            "--progress",
+            "Usage: torch-arena <COMMAND>",
+            "replay ",
+            "fit ",
+            "synth ",
+            "convert ",
+            "demo ",
+            "completions ",
             "synth:adversarial:CAPACITY",
             "synth:rmm-random:N:MAX[:SEED]",
-            "--model",
+            "SIZE is a number and a unit",
             "TORCH_ARENA_DEMO_TRACE",
             "scripts/make-demo-trace",
             "exit status",
             "2   an arena replay ran out of memory",
         ] {
-            assert!(out.contains(s), "help lacks {s:?}");
+            assert!(out.contains(s), "{args:?}: help lacks {s:?}");
         }
     }
+    // Each command's options, with the explanation of each (--help, `help COMMAND`).
+    let per_command: [(&str, &[&str]); 5] = [
+        (
+            "replay",
+            &[
+                "Usage: torch-arena replay [OPTIONS] [TRACE]...",
+                "--capacity <SIZE>",
+                "--conf <CONF>",
+                "--native\n",
+                "--native-conf <SETTINGS>",
+                "row per setting",
+                "--backing",
+                "--check",
+                "--live[=<N>]",
+                "--json",
+                "native_emulated_peak_reserved_bytes",
+                "--plot <FILE>",
+                "--progress",
+                "--no-progress",
+                "synth:rmm-random:N:MAX[:SEED]",
+                "2   an arena replay ran out of memory",
+            ],
+        ),
+        (
+            "fit",
+            &[
+                "--native-conf <SETTINGS>",
+                "backend:cudaMallocAsync is refused",
+                "-j, --jobs <N>",
+                "--plot <FILE.svg>",
+                "The capacity is bisected",
+            ],
+        ),
+        (
+            "demo",
+            &[
+                "--model",
+                "--steps <N>",
+                "TORCH_ARENA_DEMO_TRACE",
+                "scripts/make-demo-trace",
+            ],
+        ),
+        (
+            "synth",
+            &[
+                "[KIND]",
+                "--n <N>",
+                "--max <SIZE>",
+                "--seed <S>",
+                "-o, --output <FILE>",
+            ],
+        ),
+        ("convert", &["[TRACE]", "-o, --output <FILE>"]),
+    ];
+    for (command, says) in per_command {
+        for args in [&[command, "--help"][..], &["help", command]] {
+            let o = torch_arena(args);
+            assert_eq!(o.status.code(), Some(0), "{args:?}");
+            let out = stdout(&o);
+            for s in says {
+                assert!(out.contains(s), "{args:?}: help lacks {s:?}: {out}");
+            }
+        }
+    }
+}
+
+#[test]
+fn completions_name_the_commands_and_options() {
+    let o = torch_arena(&["completions", "bash"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let script = stdout(&o);
+    assert!(script.contains("complete -F _torch__arena"), "{script}");
+    for s in [
+        "replay",
+        "fit",
+        "synth",
+        "convert",
+        "demo",
+        "--capacity",
+        "--native-conf",
+        "--gpu-lag",
+        "--live",
+        "--jobs",
+        "--model",
+        "--output",
+    ] {
+        assert!(script.contains(s), "the bash script lacks {s:?}");
+    }
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let o = torch_arena(&["completions", shell]);
+        assert_eq!(o.status.code(), Some(0), "{shell}: {}", stderr(&o));
+        assert!(stdout(&o).contains("native-conf"), "{shell}");
+    }
+    assert_usage_error(
+        &torch_arena(&["completions", "tcsh"]),
+        &[
+            "invalid value 'tcsh'",
+            "bash, elvish, fish, powershell, zsh",
+        ],
+    );
 }
 
 #[test]
@@ -89,7 +184,8 @@ fn unknown_command() {
     assert_usage_error(
         &o,
         &[
-            "unknown command 'replya'",
+            "unrecognized subcommand 'replya'",
+            "a similar subcommand exists: 'replay'",
             "replay, fit, synth, convert, demo",
         ],
     );
@@ -110,20 +206,41 @@ fn unknown_option_is_named_with_a_hint() {
     let o = torch_arena(&["replay", "--frobnicate", "synth:adversarial:1GiB"]);
     assert_usage_error(
         &o,
-        &["unknown option '--frobnicate'", "usage: torch-arena replay"],
+        &[
+            "unexpected argument '--frobnicate'",
+            "Usage: torch-arena replay",
+        ],
     );
     let o = torch_arena(&["replay", "--capcity", "1GiB", "synth:adversarial:1GiB"]);
-    assert_usage_error(&o, &["did you mean '--capacity'?"]);
+    assert_usage_error(
+        &o,
+        &[
+            "unexpected argument '--capcity'",
+            "a similar argument exists: '--capacity'",
+        ],
+    );
     let o = torch_arena(&["demo", "--stpes", "3"]);
-    assert_usage_error(&o, &["unknown option '--stpes'", "did you mean '--steps'?"]);
+    assert_usage_error(
+        &o,
+        &[
+            "unexpected argument '--stpes'",
+            "a similar argument exists: '--steps'",
+        ],
+    );
 }
 
 #[test]
 fn option_without_value() {
     let o = torch_arena(&["replay", "synth:adversarial:1GiB", "--capacity"]);
-    assert_usage_error(&o, &["--capacity needs a value"]);
+    assert_usage_error(&o, &["a value is required for '--capacity <SIZE>'"]);
     let o = torch_arena(&["replay", "--json=yes", "synth:adversarial:1GiB"]);
-    assert_usage_error(&o, &["--json takes no value"]);
+    assert_usage_error(
+        &o,
+        &[
+            "unexpected value 'yes' for '--json'",
+            "no more were expected",
+        ],
+    );
 }
 
 #[test]
@@ -133,7 +250,7 @@ fn bad_capacity_unit_lists_accepted_forms() {
         assert_usage_error(
             &o,
             &[
-                &format!("'{bad}'"),
+                &format!("invalid value '{bad}' for '--capacity <SIZE>'"),
                 "B, KiB, MiB, GiB, TiB",
                 "KB, MB, GB, TB",
                 "80GiB",
@@ -751,9 +868,19 @@ fn timing_options_reach_the_json() {
 fn timing_options_are_checked() {
     let t = "synth:rmm-random:10:1MiB";
     let o = torch_arena(&["replay", "--gpu-lag", "5 parsecs", t]);
-    assert_usage_error(&o, &["--gpu-lag: '5 parsecs' is not a duration", "5ms"]);
+    assert_usage_error(
+        &o,
+        &[
+            "invalid value '5 parsecs' for '--gpu-lag <DURATION>'",
+            "is not a duration",
+            "5ms",
+        ],
+    );
     let o = torch_arena(&["replay", "--repeat", "0", t]);
-    assert_usage_error(&o, &["--repeat: '0' must be from 1"]);
+    assert_usage_error(
+        &o,
+        &["invalid value '0' for '--repeat <N>'", "must be from 1"],
+    );
     let o = torch_arena(&["replay", "--driver-costs", "/no/such/costs", t]);
     assert_usage_error(&o, &["driver costs file '/no/such/costs'"]);
     let dir = scratch("bad-costs");
@@ -954,7 +1081,7 @@ fn live_by_site_at_the_peak_or_at_the_oom() {
     assert!(line.contains("\"events_applied\""), "{line}");
 
     let o = torch_arena(&["replay", "synth:rmm-random:10:1MiB", "--live=0"]);
-    assert_usage_error(&o, &["--live", "at least 1"]);
+    assert_usage_error(&o, &["invalid value '0' for '--live[=<N>]'", "at least 1"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1172,11 +1299,17 @@ fn fit_usage_errors_name_what_was_wrong() {
     );
     assert_usage_error(
         &torch_arena(&["fit", "synth:rmm-random:10:1MiB", "-j", "0"]),
-        &["-j: '0' must be from 1 to 1024"],
+        &[
+            "invalid value '0' for '--jobs <N>'",
+            "must be from 1 to 1024",
+        ],
     );
     assert_usage_error(
         &torch_arena(&["fit", "synth:rmm-random:10:1MiB", "--native"]),
-        &["unknown option '--native'", "did you mean '--native-conf'?"],
+        &[
+            "unexpected argument '--native'",
+            "a similar argument exists: '--native-conf'",
+        ],
     );
 }
 

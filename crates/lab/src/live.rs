@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
 use crate::model::{Op, Trace};
-use torch_arena::json;
 
 /// The moment to take the live set at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,8 +22,8 @@ pub enum At {
     Before(usize),
 }
 
-/// One site's share of the live set.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One site's share of the live set (as JSON: these fields, in this order).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SiteLive {
     /// Index into [`Trace::sites`] (0 = unknown).
     pub site: u32,
@@ -156,27 +157,26 @@ pub fn render(set: &LiveSet, top: usize) -> String {
     out
 }
 
-/// `{"events_applied":N,"bytes":B,"count":C,"sites":[{"site","name","bytes","count"},...]}`,
-/// the `top` sites only, with `"sites_not_shown"`.
-pub fn to_json(set: &LiveSet, top: usize) -> String {
-    let sites = json::array(set.sites.iter().take(top).map(|s| {
-        json::Object::new()
-            .num("site", u64::from(s.site))
-            .str("name", &s.name)
-            .num("bytes", s.bytes)
-            .num("count", s.count)
-            .finish()
-    }));
-    json::Object::new()
-        .num("events_applied", set.events_applied as u64)
-        .num("bytes", set.bytes)
-        .num("count", set.count)
-        .raw("sites", &sites)
-        .num(
-            "sites_not_shown",
-            set.sites.len().saturating_sub(top) as u64,
-        )
-        .finish()
+/// A live set as JSON (serde): `{"events_applied": N, "bytes": B, "count": C, "sites":
+/// [{"site", "name", "bytes", "count"}, ...], "sites_not_shown": H}`, the `top` sites only.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveJson<'a> {
+    pub events_applied: usize,
+    pub bytes: u64,
+    pub count: u64,
+    pub sites: &'a [SiteLive],
+    pub sites_not_shown: u64,
+}
+
+/// `set` as JSON, its `top` sites only.
+pub fn json(set: &LiveSet, top: usize) -> LiveJson<'_> {
+    LiveJson {
+        events_applied: set.events_applied,
+        bytes: set.bytes,
+        count: set.count,
+        sites: &set.sites[..top.min(set.sites.len())],
+        sites_not_shown: set.sites.len().saturating_sub(top) as u64,
+    }
 }
 
 #[cfg(test)]
@@ -288,13 +288,14 @@ mod tests {
             text.lines().nth(2).unwrap().starts_with("   1.50 GiB"),
             "{text}"
         );
-        let j = to_json(&set, 2);
+        let j = serde_json::to_string(&json(&set, 2)).unwrap();
         assert!(
             j.starts_with(
-                r#"{"events_applied": 6, "bytes": 900, "count": 6, "sites": [{"site": 2, "name": "train.py:20 in step", "bytes": 500, "count": 1}"#
+                r#"{"events_applied":6,"bytes":900,"count":6,"sites":[{"site":2,"name":"train.py:20 in step","bytes":500,"count":1}"#
             ),
             "{j}"
         );
-        assert!(j.ends_with(r#"], "sites_not_shown": 1}"#), "{j}");
+        assert!(j.ends_with(r#"],"sites_not_shown":1}"#), "{j}");
+        assert_eq!(json(&set, 9).sites_not_shown, 0);
     }
 }
