@@ -1,7 +1,7 @@
 //! Replay a [`Trace`] through an allocator: the arena on a simulated device ([`SimArena`], under
 //! the [`Checked`] adaptor) or PyTorch's native allocator emulated ([`super::native`]). One loop
 //! ([`run`]) drives both through the plugin's own allocation interface,
-//! [`Resource`](torch_arena::resource::Resource) (`alloc`, `free`), and reads the simulated
+//! [`Resource`] (`alloc`, `free`), and reads the simulated
 //! machine through [`Replayed`] (driver calls, stalls, the clock), so both see the same events,
 //! the same clock and the same steps.
 //!
@@ -776,7 +776,7 @@ impl Replayed for SimArena {
 /// allocator's figures to the replay's after every event (its full consistency walk every
 /// `consistency_every` events and at the end) and refuses a block handed out where another
 /// stream's work may still run; with `backing` it writes a pattern into every block and checks it
-/// at the free and every [`FULL_PATTERN_CHECK_EVERY`] events. Without either it only counts.
+/// at the free and every 4,096 events. Without either it only counts.
 pub struct Checked<R> {
     inner: R,
     check: bool,
