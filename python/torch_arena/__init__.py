@@ -23,6 +23,7 @@ use.
 from typing import Any
 
 from ._exit import install as _install_exit_report
+from ._explain import categorize, explain
 from ._native import OutOfMemoryError, configure, library_path
 from ._native import version as _library_version
 from ._oom import install as _install_oom_snapshot
@@ -75,11 +76,13 @@ __all__ = [
     "__version__",
     "caching_allocator_alloc",
     "caching_allocator_delete",
+    "categorize",
     "configure",
     "current_step",
     "defragment",
     "dump_snapshot",
     "empty_cache",
+    "explain",
     "enable",
     "growth",
     "is_enabled",

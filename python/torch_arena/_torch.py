@@ -530,10 +530,11 @@ def _cuda_devices() -> list[int]:
 
 
 def _step_after_optimizer(optimizer: Any, args: Any, kwargs: Any) -> None:
-    from . import _native
+    from . import _explain, _native
 
     if _native.has_track():
         _native.step()
+    _explain.note_step()
 
 
 def _register_step_hook(torch: Any) -> Any:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _capture, _native, _verdict
+from . import _capture, _explain, _native, _verdict
 from ._frames import site_location, user_frame_index
 from ._render import render, render_live
 from ._sizes import format_size, parse_size
@@ -50,8 +50,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def step() -> int:
     """End the current step: the library notes each site's live bytes (the points growth is
     judged from) and returns the new step number. Called for you on every ``optimizer.step()``
-    once torch-arena is enabled; call it yourself in loops without an optimizer."""
-    return _native.step()
+    once torch-arena is enabled; call it yourself in loops without an optimizer. It is also the
+    boundary :func:`torch_arena.explain` tells a held graph by."""
+    n = _native.step()
+    _explain.note_step()
+    return n
 
 
 def current_step() -> int:

@@ -1,0 +1,339 @@
+"""What the memory is: live tensors sorted into categories from PyTorch's own structures.
+
+:func:`categorize` looks at every tensor the process holds (found through the garbage collector,
+at report time, not by hooks on the hot path) and gives each storage one category, the first
+that applies:
+
+- ``parameters``: the parameters and buffers of every ``torch.nn.Module`` alive (and of its
+  submodules);
+- ``gradients``: their ``.grad``;
+- ``optimizer_state``: the tensors in every ``torch.optim.Optimizer``'s ``state``;
+- ``activations``: tensors that autograd saved for a backward still to come, in graphs built in
+  the current step;
+- ``held_graphs``: tensors saved by graphs built *before* the last step boundary and still
+  alive: something outside the training step holds a graph's output (losses appended to a list,
+  evaluation outputs computed with grad enabled), and with it everything the graph saved;
+- ``other``: every other tensor.
+
+A storage shared by several tensors (views, a parameter saved by autograd) counts once, in the
+first category above that reaches it. Step boundaries are :func:`torch_arena.step` calls and,
+once torch-arena is enabled, every ``optimizer.step()``; each notes autograd's sequence number
+(``Node._sequence_nr()``, a counter of the thread that builds the graph), and a graph whose
+newest node is older than the last boundary was built before it. Without a step boundary every
+live graph counts as ``activations``.
+
+:func:`explain` turns the categories into a report (text, or ``json=True`` for a dict) with the
+remedies the evidence supports: ``no_grad`` for held graphs built through the parameters of a
+module that is in evaluation mode when the report runs (an evaluation loop run with grad enabled;
+the mode at the time the graph was built is not recorded), ``detach`` for other held graphs, each
+with the bytes it would free.
+
+Not yet: attribution to modules, the ``checkpointing``, ``smaller_batch``, ``set_to_none``,
+``mixed_precision`` and ``fragmentation`` remedies, the allocator's cached and unusable bytes,
+reports at out-of-memory, diffs and ranks (the explain issue's other items).
+
+This module imports torch when its functions are called, never at import time.
+"""
+
+import gc
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._sizes import format_size
+
+CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "held_graphs",
+    "other",
+)
+
+# Autograd's sequence number at the last step boundary (None: no boundary yet).
+_boundary_seq: int | None = None
+
+
+def _sequence_now(torch: Any) -> int:
+    """Autograd's next sequence number on this thread: a one-element graph is built and read."""
+    with torch.enable_grad():
+        probe = torch.zeros((), requires_grad=True) * 1.0
+    return int(probe.grad_fn._sequence_nr())
+
+
+def note_step() -> None:
+    """Mark a step boundary for :func:`categorize` (called by :func:`torch_arena.step` and after
+    every ``optimizer.step()`` once torch-arena is enabled). Does nothing until torch is
+    imported."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "zeros"):
+        return
+    global _boundary_seq
+    _boundary_seq = _sequence_now(torch)
+
+
+@dataclass
+class HeldGraph:
+    """A graph built before the last step boundary, kept alive through its output ``root``."""
+
+    description: str
+    bytes: int
+    eval_mode: bool
+
+
+@dataclass
+class Categories:
+    """Bytes and storages per category (:data:`CATEGORIES`), and the held graphs found."""
+
+    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    storages: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    held: list[HeldGraph] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+
+def _storage_key(t: Any) -> tuple[str, int, int] | None:
+    """(device, data pointer, bytes) of a tensor's storage; None for one without storage (meta,
+    sparse and other layouts without a single data pointer)."""
+    try:
+        s = t.untyped_storage()
+        return (str(t.device), s.data_ptr(), s.nbytes())
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def _saved_tensors(node: Any) -> list[Any]:
+    """The tensors an autograd node saved for its backward (``_saved_*`` attributes), those
+    still there (a backward that ran frees them)."""
+    out = []
+    for name in dir(node):
+        if not name.startswith("_saved_"):
+            continue
+        try:
+            value = getattr(node, name)
+        except RuntimeError:  # freed by a backward that already ran
+            continue
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        out.extend(v for v in values if _is_tensor(v))
+    return out
+
+
+def _is_tensor(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, torch.Tensor)
+
+
+def _walk(root: Any, seen: set[int]) -> tuple[list[Any], int, set[int]]:
+    """The nodes of the graph under ``root`` not in ``seen`` (which it extends), the newest
+    sequence number among all of them, and the ids of parameters it reads (AccumulateGrad)."""
+    nodes, newest, leaves = [], -1, set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        # AccumulateGrad nodes (a leaf's: they have `variable`) carry the largest sequence
+        # number, so that a backward runs them first: they say nothing of when a graph was built.
+        if not hasattr(node, "variable"):
+            newest = max(newest, _seq(node))
+        for fn, _ in getattr(node, "next_functions", ()):
+            if fn is None:
+                continue
+            # AccumulateGrad: a leaf that wants a gradient. Graphs share these nodes, so the leaf
+            # is noted even when another graph visited its node first.
+            variable = getattr(fn, "variable", None)
+            if variable is not None:
+                leaves.add(id(variable))
+            stack.append(fn)
+    return nodes, newest, leaves
+
+
+def categorize(
+    modules: list[Any] | None = None,
+    optimizers: list[Any] | None = None,
+    device: str | None = None,
+) -> Categories:
+    """Every live tensor's storage, by category (see the module's text). ``modules`` and
+    ``optimizers`` default to every ``torch.nn.Module`` and ``torch.optim.Optimizer`` alive;
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) keeps only storages there (default: all)."""
+    import torch
+
+    # By type(o), not isinstance: isinstance reads __class__, which some module-level proxies
+    # (torch.distributed.reduce_op) answer with a deprecation warning.
+    found_modules, found_optimizers, tensors = [], [], []
+    for o in gc.get_objects():
+        tp = type(o)
+        if issubclass(tp, torch.Tensor):
+            tensors.append(o)
+        elif issubclass(tp, torch.nn.Module):
+            found_modules.append(o)
+        elif issubclass(tp, torch.optim.Optimizer):
+            found_optimizers.append(o)
+    if modules is None:
+        modules = found_modules
+    if optimizers is None:
+        optimizers = found_optimizers
+
+    out = Categories()
+    placed: dict[tuple[str, int, int], str] = {}
+
+    def place(t: Any, category: str) -> int:
+        key = _storage_key(t)
+        if key is None or key in placed or key[2] == 0:
+            return 0
+        if device is not None and not _on_device(key[0], device):
+            return 0
+        placed[key] = category
+        out.bytes[category] += key[2]
+        out.storages[category] += 1
+        return key[2]
+
+    # Every module and its submodules once, each parameter under the module that owns it.
+    owners: dict[int, Any] = {}
+    for m in modules:
+        for sub in m.modules():
+            owners.setdefault(id(sub), sub)
+    eval_params: set[int] = set()
+    params = []
+    for m in owners.values():
+        for p in m.parameters(recurse=False):
+            place(p, "parameters")
+            params.append(p)
+            if not m.training:
+                eval_params.add(id(p))
+        for b in m.buffers(recurse=False):
+            place(b, "parameters")
+    for p in params:
+        if p.grad is not None:
+            place(p.grad, "gradients")
+    for opt in optimizers:
+        for state in opt.state.values():
+            for v in state.values() if isinstance(state, dict) else ():
+                if _is_tensor(v):
+                    place(v, "optimizer_state")
+
+    # Graphs: from every live tensor that has one, newest first, so that a graph held from an
+    # old step and extended in this one counts as this step's.
+    roots = [t for t in tensors if t.grad_fn is not None]
+    roots.sort(key=lambda t: -_seq(t.grad_fn))
+    # Nodes by id: every node visited stays referenced here until the end, so that no id is
+    # reused by another node's Python wrapper while it means "visited".
+    seen: set[int] = set()
+    visited: list[Any] = []
+    node_category: dict[int, str] = {}
+    for t in roots:
+        nodes, newest, leaves = _walk(t.grad_fn, seen)
+        visited.extend(nodes)
+        if not nodes:
+            # An output inside a graph already walked (`out` of `loss = f(out)`): that graph's.
+            place(t, node_category.get(id(t.grad_fn), "activations"))
+            continue
+        held = _boundary_seq is not None and newest < _boundary_seq
+        category = "held_graphs" if held else "activations"
+        freed = place(t, category)
+        for node in nodes:
+            node_category[id(node)] = category
+            for saved in _saved_tensors(node):
+                freed += place(saved, category)
+        if held:
+            out.held.append(
+                HeldGraph(
+                    description=f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} "
+                    f"from {type(t.grad_fn).__name__}",
+                    bytes=freed,
+                    eval_mode=bool(leaves & eval_params),
+                )
+            )
+    for t in tensors:
+        place(t, "other")
+    return out
+
+
+def _seq(node: Any) -> int:
+    try:
+        return int(node._sequence_nr())
+    except (AttributeError, RuntimeError):
+        return -1
+
+
+def _on_device(where: str, device: str) -> bool:
+    return where == device or (":" not in device and where.split(":")[0] == device)
+
+
+def explain(
+    json: bool = False,
+    modules: list[Any] | None = None,
+    optimizers: list[Any] | None = None,
+    device: str | None = None,
+) -> Any:
+    """Where the memory is, and what would free some: the categories of :func:`categorize` and
+    the remedies their evidence supports. Text, or with ``json=True`` a dict::
+
+        {"categories": {"parameters": N, ...}, "held_graphs": [{"root", "bytes", "eval_mode"}],
+         "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
+    """
+    c = categorize(modules, optimizers, device)
+    remedies = []
+    no_grad = [h for h in c.held if h.eval_mode]
+    detach = [h for h in c.held if not h.eval_mode]
+    if no_grad:
+        saves = sum(h.bytes for h in no_grad)
+        remedies.append(
+            {
+                "id": "no_grad",
+                "saves_bytes": saves,
+                "why": f"{len(no_grad)} output(s) computed through a module in evaluation mode "
+                f"with grad enabled keep their graphs ({format_size(saves)}) past a step: "
+                "run evaluation under torch.no_grad() or torch.inference_mode()",
+            }
+        )
+    if detach:
+        saves = sum(h.bytes for h in detach)
+        remedies.append(
+            {
+                "id": "detach",
+                "saves_bytes": saves,
+                "why": f"{len(detach)} tensor(s) kept past a step hold their graphs "
+                f"({format_size(saves)}): keep .detach() or .item() of them (a loss appended "
+                "to a list keeps its whole graph)",
+            }
+        )
+    remedies.sort(key=lambda r: -r["saves_bytes"])
+    warnings = []
+    if _boundary_seq is None:
+        warnings.append(
+            "no step boundary yet (torch_arena.step() or optimizer.step() with torch-arena "
+            "enabled): every live graph counts as activations"
+        )
+    report = {
+        "categories": dict(c.bytes),
+        "held_graphs": [
+            {"root": h.description, "bytes": h.bytes, "eval_mode": h.eval_mode} for h in c.held
+        ],
+        "remedies": remedies,
+        "warnings": warnings,
+    }
+    if json:
+        return report
+    return _render(report)
+
+
+def _render(report: dict[str, Any]) -> str:
+    cats = report["categories"]
+    total = sum(cats.values())
+    lines = [f"torch-arena: {format_size(total)} in live tensors"]
+    for name in CATEGORIES:
+        share = cats[name] / total * 100 if total else 0.0
+        lines.append(f"  {name:<16} {format_size(cats[name]):>12}  {share:5.1f} %")
+    for r in report["remedies"]:
+        lines.append(f"remedy {r['id']}: saves {format_size(r['saves_bytes'])}: {r['why']}")
+    for w in report["warnings"]:
+        lines.append(f"note: {w}")
+    return "\n".join(lines)

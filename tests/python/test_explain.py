@@ -1,0 +1,159 @@
+"""torch_arena.explain() and categorize() on real torch tensors (CPU, no GPU): each category
+against a ground truth computed another way, in a fresh interpreter so that no other test's
+tensors or graphs are alive.
+
+Ground truths: parameters and gradients from the model's own lists; optimizer state from
+``optimizer.state``; activations from ``torch.autograd.graph.saved_tensors_hooks`` (what autograd
+packs during the forward), less the parameters it saves, plus the live outputs.
+"""
+
+import json
+
+import pytest
+from conftest import REPO, run_python
+
+pytest.importorskip("torch")
+
+PRELUDE = """
+import json, torch, torch_arena
+torch.manual_seed(0)
+
+def storages(tensors):
+    out = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        out[(str(t.device), s.data_ptr())] = s.nbytes()
+    return out
+
+def total(d):
+    return sum(d.values())
+
+model = torch.nn.Sequential(
+    torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64), torch.nn.Tanh()
+)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randn(32, 64)
+"""
+
+
+def run(body: str) -> dict:
+    r = run_python(PRELUDE + body, REPO)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_parameters_gradients_and_optimizer_state_exactly():
+    got = run(
+        """
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+del loss
+r = torch_arena.explain(json=True, device="cpu")
+truth = {
+    "parameters": total(storages(model.parameters())),
+    "gradients": total(storages(p.grad for p in model.parameters())),
+    "optimizer_state": total(storages(
+        v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))),
+}
+print(json.dumps({"got": r["categories"], "truth": truth, "remedies": r["remedies"]}))
+"""
+    )
+    for category, want in got["truth"].items():
+        assert got["got"][category] == want, category
+    assert got["got"]["parameters"] == 4 * (64 * 256 + 256 + 256 * 64 + 64)
+    # No graph is alive after the backward: nothing saved, nothing held, nothing to remedy.
+    assert got["got"]["activations"] == 0
+    assert got["got"]["held_graphs"] == 0
+    assert got["remedies"] == []
+
+
+def test_activations_are_what_autograd_saved_for_the_backward_to_come():
+    got = run(
+        """
+packed = []
+def pack(t):
+    packed.append(t)
+    return t
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    out = model(x)
+    loss = out.square().mean()
+params = storages(model.parameters())
+saved = {k: v for k, v in storages(packed).items() if k not in params}
+truth = total({**saved, **storages([out, loss])})
+del packed
+r = torch_arena.explain(json=True, device="cpu")
+before = r["categories"]["activations"]
+loss.backward()
+after = torch_arena.explain(json=True, device="cpu")["categories"]["activations"]
+print(json.dumps({"activations": before, "truth": truth, "after": after,
+                  "out": out.untyped_storage().nbytes() + loss.untyped_storage().nbytes(),
+                  "warnings": r["warnings"]}))
+"""
+    )
+    assert got["activations"] == got["truth"] > 32 * 256 * 4
+    # The backward frees what was saved; the outputs the program still names stay.
+    assert got["after"] == got["out"]
+    assert any("no step boundary" in w for w in got["warnings"])
+
+
+def test_losses_kept_in_a_list_are_held_graphs_and_detach_frees_them():
+    got = run(
+        """
+losses = []
+for i in range(3):
+    loss = model(x).square().mean()
+    losses.append(loss)
+    torch_arena.step()
+r = torch_arena.explain(json=True, device="cpu")
+# What each graph holds, measured: the categories after dropping the list.
+del losses, loss
+after = torch_arena.explain(json=True, device="cpu")["categories"]
+print(json.dumps({"r": r, "after": after}))
+"""
+    )
+    r = got["r"]
+    assert len(r["held_graphs"]) == 3
+    assert r["categories"]["activations"] == 0
+    held = r["categories"]["held_graphs"]
+    assert held > 3 * 32 * 256 * 4
+    assert got["after"]["held_graphs"] == 0
+    assert [m["id"] for m in r["remedies"]] == ["detach"]
+    assert r["remedies"][0]["saves_bytes"] == held
+    assert "list" in r["remedies"][0]["why"]
+    assert r["warnings"] == []
+
+
+def test_evaluation_with_grad_enabled_is_a_held_graph_remedied_by_no_grad():
+    """The module's mode is read when explain() runs: here still in evaluation."""
+    got = run(
+        """
+model.eval()
+outputs = [model(x) for _ in range(2)]   # grad enabled: each output keeps its graph
+torch_arena.step()
+loss = model(x).square().mean()          # this step's forward: activations, not held
+r = torch_arena.explain(json=True, device="cpu")
+print(json.dumps(r))
+print(json.dumps({"text": torch_arena.explain(device="cpu"), **r}))
+"""
+    )
+    assert [h["eval_mode"] for h in got["held_graphs"]] == [True, True]
+    assert got["categories"]["activations"] > 0
+    assert [m["id"] for m in got["remedies"]] == ["no_grad"]
+    assert got["remedies"][0]["saves_bytes"] == got["categories"]["held_graphs"]
+    text = got["text"]
+    assert "held_graphs" in text and "remedy no_grad" in text and "torch.no_grad()" in text
+
+
+def test_a_storage_counts_once_in_the_first_category_that_reaches_it():
+    got = run(
+        """
+view = model[0].weight[:8]            # a view of a parameter: the parameter's storage
+extra = torch.empty(1000)             # a tensor of no module or graph: other
+r = torch_arena.categorize(device="cpu")
+print(json.dumps({"bytes": r.bytes, "storages": r.storages, "x": x.untyped_storage().nbytes()}))
+"""
+    )
+    assert got["storages"]["parameters"] == 4
+    assert got["bytes"]["other"] == 4000 + got["x"]
+    assert got["storages"]["other"] == 2
