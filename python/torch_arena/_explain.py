@@ -29,16 +29,18 @@ the mode at the time the graph was built is not recorded), ``detach`` for other 
 with the bytes it would free.
 
 Not yet: attribution to modules, the ``checkpointing``, ``smaller_batch``, ``set_to_none``,
-``mixed_precision`` and ``fragmentation`` remedies, the allocator's cached and unusable bytes,
-reports at out-of-memory, diffs and ranks (the explain issue's other items).
+``mixed_precision`` and ``fragmentation`` remedies, reports at out-of-memory, diffs and ranks (the
+explain issue's other items).
 
 This module imports torch when its functions are called, never at import time.
 """
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import stats
 from ._sizes import format_size
 
 CATEGORIES = (
@@ -52,6 +54,38 @@ CATEGORIES = (
 
 # Autograd's sequence number at the last step boundary (None: no boundary yet).
 _boundary_seq: int | None = None
+# The CUDA devices torch-arena serves (set by enable(); None: it serves none, and explain has no
+# allocator figures to give).
+_devices: Callable[[], list[int]] | None = None
+
+
+def set_devices(devices: Callable[[], list[int]] | None) -> None:
+    """The devices torch-arena serves, as ``devices()`` lists them when a report runs (enable()
+    sets it); explain() adds the allocator's cached and unusable bytes for those."""
+    global _devices
+    _devices = devices
+
+
+def _allocator_figures(device: str | None) -> dict[str, int] | None:
+    """``cached_bytes`` (pages that hold nothing: idle and pooled ones serve any request at
+    once, and those of handles that a live neighbour keeps mapped are lent where a request needs
+    them once memory runs short) and ``unusable_bytes`` (free bytes inside pages that hold live
+    data: no other request can have them until those blocks go) of the torch-arena device that
+    ``device`` names (None: the first it serves), or None where torch-arena serves none."""
+    if _devices is None or (device is not None and not device.startswith("cuda")):
+        return None
+    serving = _devices()
+    if not serving:
+        return None
+    index = serving[0] if device in (None, "cuda") else stats._device_index(device)
+    if index not in serving:
+        return None
+    pages = stats.pages(index)
+    allocated = stats.memory_stats(index).get("allocated_bytes.all.current", 0)
+    return {
+        "cached_bytes": pages["idle_mapped_bytes"] + pages["pooled_bytes"] + pages["held_bytes"],
+        "unusable_bytes": max(0, pages["in_use_bytes"] - allocated),
+    }
 
 
 def _sequence_now(torch: Any) -> int:
@@ -276,8 +310,12 @@ def explain(
     """Where the memory is, and what would free some: the categories of :func:`categorize` and
     the remedies their evidence supports. Text, or with ``json=True`` a dict::
 
-        {"categories": {"parameters": N, ...}, "held_graphs": [{"root", "bytes", "eval_mode"}],
+        {"categories": {"parameters": N, ...}, "cached_bytes": N, "unusable_bytes": N,
+         "held_graphs": [{"root", "bytes", "eval_mode"}],
          "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
+
+    ``cached_bytes`` and ``unusable_bytes`` are the allocator's, for a device torch-arena serves
+    (None otherwise, and for ``device="cpu"``).
     """
     c = categorize(modules, optimizers, device)
     remedies = []
@@ -312,8 +350,11 @@ def explain(
             "no step boundary yet (torch_arena.step() or optimizer.step() with torch-arena "
             "enabled): every live graph counts as activations"
         )
+    figures = _allocator_figures(device)
     report = {
         "categories": dict(c.bytes),
+        "cached_bytes": figures["cached_bytes"] if figures else None,
+        "unusable_bytes": figures["unusable_bytes"] if figures else None,
         "held_graphs": [
             {"root": h.description, "bytes": h.bytes, "eval_mode": h.eval_mode} for h in c.held
         ],
@@ -332,6 +373,12 @@ def _render(report: dict[str, Any]) -> str:
     for name in CATEGORIES:
         share = cats[name] / total * 100 if total else 0.0
         lines.append(f"  {name:<16} {format_size(cats[name]):>12}  {share:5.1f} %")
+    if report["cached_bytes"] is not None:
+        lines.append(
+            f"  allocator: {format_size(report['cached_bytes'])} cached (pages holding nothing), "
+            f"{format_size(report['unusable_bytes'])} reserved but unusable (free space inside "
+            "pages that hold live data)"
+        )
     for r in report["remedies"]:
         lines.append(f"remedy {r['id']}: saves {format_size(r['saves_bytes'])}: {r['why']}")
     for w in report["warnings"]:

@@ -496,9 +496,10 @@ def _enable_locked(conf: str | None) -> None:
     stats.answer_as_pytorch_before_cuda()
     _watch_cudnn_benchmark(torch)
     _global.step_hook = _register_step_hook(torch)
-    from . import _exit
+    from . import _exit, _explain
 
     _exit.set_devices(_cuda_devices)
+    _explain.set_devices(_cuda_devices)
     _exit.install(text)
     from . import _oom
 

@@ -157,3 +157,38 @@ print(json.dumps({"bytes": r.bytes, "storages": r.storages, "x": x.untyped_stora
     assert got["storages"]["parameters"] == 4
     assert got["bytes"]["other"] == 4000 + got["x"]
     assert got["storages"]["other"] == 2
+
+
+def test_the_allocators_cached_and_unusable_bytes_on_a_device_it_serves():
+    got = run(
+        """
+from torch_arena import _explain
+MiB = 1 << 20
+assert torch_arena.explain(json=True)["cached_bytes"] is None   # torch-arena serves no device yet
+_explain.set_devices(lambda: [0])                             # as enable() does
+a = torch_arena.caching_allocator_alloc(8 * MiB)
+b = torch_arena.caching_allocator_alloc(3 * MiB)
+torch_arena.caching_allocator_delete(a)
+r = torch_arena.explain(json=True)
+pages = torch_arena.pages(0)
+allocated = torch_arena.memory_allocated(0)
+cpu = torch_arena.explain(json=True, device="cpu")
+text = torch_arena.explain()
+torch_arena.caching_allocator_delete(b)
+print(json.dumps({"r": r, "pages": pages, "allocated": allocated, "cpu": cpu, "text": text}))
+"""
+    )
+    r, pages = got["r"], got["pages"]
+    MiB = 1 << 20
+    # The freed 8 MiB block's pages stay mapped and hold nothing: cached (idle, or held in a
+    # handle the 3 MiB block shares, which lending hands to a request once memory runs short).
+    assert r["cached_bytes"] >= 8 * MiB
+    assert (
+        r["cached_bytes"]
+        == pages["idle_mapped_bytes"] + pages["pooled_bytes"] + pages["held_bytes"]
+    )
+    # The 3 MiB block leaves 1 MiB of its second page free: reserved, usable by no one else.
+    assert r["unusable_bytes"] == MiB
+    assert r["unusable_bytes"] == pages["in_use_bytes"] - got["allocated"]
+    assert got["cpu"]["cached_bytes"] is None and got["cpu"]["unusable_bytes"] is None
+    assert "reserved but unusable" in got["text"]
