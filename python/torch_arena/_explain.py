@@ -23,13 +23,15 @@ newest node is older than the last boundary was built before it. Without a step 
 live graph counts as ``activations``.
 
 :func:`explain` turns the categories into a report (text, or ``json=True`` for a dict) with the
-remedies the evidence supports: ``no_grad`` for held graphs built through the parameters of a
+remedies the evidence supports: ``set_to_none`` for gradients that hold only zeros (zeroed in
+place rather than freed), ``mixed_precision`` for float32 activations (half of them, an
+estimate), ``no_grad`` for held graphs built through the parameters of a
 module that is in evaluation mode when the report runs (an evaluation loop run with grad enabled;
 the mode at the time the graph was built is not recorded), ``detach`` for other held graphs, each
 with the bytes it would free.
 
-Not yet: attribution to modules, the ``checkpointing``, ``smaller_batch``, ``set_to_none``,
-``mixed_precision`` and ``fragmentation`` remedies, reports at out-of-memory, diffs and ranks (the
+Not yet: attribution to modules, the ``checkpointing``, ``smaller_batch`` and ``fragmentation``
+remedies, reports at out-of-memory, diffs and ranks (the
 explain issue's other items).
 
 This module imports torch when its functions are called, never at import time.
@@ -124,6 +126,10 @@ class Categories:
     bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     storages: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     held: list[HeldGraph] = field(default_factory=list)
+    # Bytes of float32 storages among the activations (what autocast would halve).
+    float32_activations: int = 0
+    # Gradient bytes whose every element is zero (zeroed in place, not freed).
+    zeroed_gradients: int = 0
 
     @property
     def total(self) -> int:
@@ -227,6 +233,8 @@ def categorize(
         placed[key] = category
         out.bytes[category] += key[2]
         out.storages[category] += 1
+        if category == "activations" and t.dtype == torch.float32:
+            out.float32_activations += key[2]
         return key[2]
 
     # Every module and its submodules once, each parameter under the module that owns it.
@@ -245,8 +253,8 @@ def categorize(
         for b in m.buffers(recurse=False):
             place(b, "parameters")
     for p in params:
-        if p.grad is not None:
-            place(p.grad, "gradients")
+        if p.grad is not None and place(p.grad, "gradients") and not p.grad.any():
+            out.zeroed_gradients += _storage_key(p.grad)[2]
     for opt in optimizers:
         for state in opt.state.values():
             for v in state.values() if isinstance(state, dict) else ():
@@ -341,6 +349,28 @@ def explain(
                 "why": f"{len(detach)} tensor(s) kept past a step hold their graphs "
                 f"({format_size(saves)}): keep .detach() or .item() of them (a loss appended "
                 "to a list keeps its whole graph)",
+            }
+        )
+    if c.zeroed_gradients:
+        remedies.append(
+            {
+                "id": "set_to_none",
+                "saves_bytes": c.zeroed_gradients,
+                "why": f"{format_size(c.zeroed_gradients)} of gradients hold only zeros: "
+                "zero_grad(set_to_none=True) (the default since torch 2.0) frees them until "
+                "the next backward",
+            }
+        )
+    if c.float32_activations:
+        saves = c.float32_activations // 2
+        remedies.append(
+            {
+                "id": "mixed_precision",
+                "saves_bytes": saves,
+                "why": f"{format_size(c.float32_activations)} of activations are float32: "
+                "under torch.autocast (bfloat16 or float16) most would take half "
+                f"(about {format_size(saves)} saved, an estimate: some ops stay in float32, and "
+                "autocast saves low-precision copies of the weights it casts)",
             }
         )
     remedies.sort(key=lambda r: -r["saves_bytes"])

@@ -139,8 +139,9 @@ print(json.dumps({"text": torch_arena.explain(device="cpu"), **r}))
     )
     assert [h["eval_mode"] for h in got["held_graphs"]] == [True, True]
     assert got["categories"]["activations"] > 0
-    assert [m["id"] for m in got["remedies"]] == ["no_grad"]
-    assert got["remedies"][0]["saves_bytes"] == got["categories"]["held_graphs"]
+    remedies = {m["id"]: m for m in got["remedies"]}
+    assert set(remedies) == {"no_grad", "mixed_precision"}
+    assert remedies["no_grad"]["saves_bytes"] == got["categories"]["held_graphs"]
     text = got["text"]
     assert "held_graphs" in text and "remedy no_grad" in text and "torch.no_grad()" in text
 
@@ -192,3 +193,48 @@ print(json.dumps({"r": r, "pages": pages, "allocated": allocated, "cpu": cpu, "t
     assert r["unusable_bytes"] == pages["in_use_bytes"] - got["allocated"]
     assert got["cpu"]["cached_bytes"] is None and got["cpu"]["unusable_bytes"] is None
     assert "reserved but unusable" in got["text"]
+
+
+def test_gradients_zeroed_in_place_call_for_set_to_none():
+    got = run(
+        """
+loss = model(x).square().mean()
+loss.backward()
+opt.step()
+del loss
+after_step = torch_arena.explain(json=True, device="cpu")["remedies"]
+opt.zero_grad(set_to_none=False)
+zeroed = torch_arena.explain(json=True, device="cpu")
+opt.zero_grad()                                   # torch's default: set_to_none=True
+freed = torch_arena.explain(json=True, device="cpu")
+print(json.dumps({"after_step": after_step, "zeroed": zeroed, "freed": freed}))
+"""
+    )
+    # Gradients a backward just made are needed by the step: no remedy.
+    assert got["after_step"] == []
+    z = got["zeroed"]
+    assert [m["id"] for m in z["remedies"]] == ["set_to_none"]
+    assert z["remedies"][0]["saves_bytes"] == z["categories"]["gradients"] > 0
+    assert got["freed"]["categories"]["gradients"] == 0 and got["freed"]["remedies"] == []
+
+
+def test_float32_activations_call_for_mixed_precision_estimated_at_half():
+    got = run(
+        """
+x = torch.randn(2048, 64)                 # a batch whose activations outweigh the weights
+loss = model(x).square().mean()
+fp32 = torch_arena.explain(json=True, device="cpu")
+del loss
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    loss = model(x).square().mean()
+bf16 = torch_arena.categorize(device="cpu")
+print(json.dumps({"fp32": fp32, "bf16": bf16.bytes["activations"]}))
+"""
+    )
+    fp32 = got["fp32"]
+    (m,) = fp32["remedies"]
+    assert m["id"] == "mixed_precision"
+    assert m["saves_bytes"] == fp32["categories"]["activations"] // 2
+    # Under autocast the same forward saves about half (measured: it also saves bfloat16
+    # copies of the weights, which a batch this size outweighs).
+    assert got["bf16"] < 0.6 * fp32["categories"]["activations"]
