@@ -23,7 +23,7 @@ use.
 from typing import Any
 
 from ._exit import install as _install_exit_report
-from ._explain import categorize, explain
+from ._explain import categorize, explain, track_modules
 from ._native import OutOfMemoryError, configure, library_path
 from ._native import version as _library_version
 from ._oom import install as _install_oom_snapshot
@@ -108,6 +108,7 @@ __all__ = [
     "snapshot",
     "step",
     "tag",
+    "track_modules",
 ]
 
 

@@ -30,14 +30,19 @@ module that is in evaluation mode when the report runs (an evaluation loop run w
 the mode at the time the graph was built is not recorded), ``detach`` for other held graphs, each
 with the bytes it would free.
 
-Not yet: attribution to modules, the ``checkpointing``, ``smaller_batch`` and ``fragmentation``
-remedies, reports at out-of-memory, diffs and ranks (the
-explain issue's other items).
+``by_module`` attributes parameters and gradients to the module that owns them, and, with
+:func:`track_modules` on, activations and held graphs to the module whose forward built them.
+
+Not yet: the ``checkpointing``, ``smaller_batch`` and ``fragmentation`` remedies, reports at
+out-of-memory, diffs and ranks (the explain issue's other items).
 
 This module imports torch when its functions are called, never at import time.
 """
 
 import gc
+import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +58,11 @@ CATEGORIES = (
     "held_graphs",
     "other",
 )
+
+# The by_module row of graphs built outside every module's forward.
+OUTSIDE_MODULES = "(outside modules)"
+# Rows of explain()'s by_module (the largest).
+_TOP_MODULES = 20
 
 # Autograd's sequence number at the last step boundary (None: no boundary yet).
 _boundary_seq: int | None = None
@@ -91,10 +101,87 @@ def _allocator_figures(device: str | None) -> dict[str, int] | None:
 
 
 def _sequence_now(torch: Any) -> int:
-    """Autograd's next sequence number on this thread: a one-element graph is built and read."""
+    """Autograd's next sequence number on this thread (``_get_sequence_nr``, 61 ns; where a torch
+    lacks it, a one-element graph is built and its node's number read)."""
+    get = getattr(getattr(torch._C, "_autograd", None), "_get_sequence_nr", None)
+    if get is not None:
+        return int(get())
     with torch.enable_grad():
         probe = torch.zeros((), requires_grad=True) * 1.0
     return int(probe.grad_fn._sequence_nr())
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules: which module's forward built a node. Global forward hooks note, per module call, the
+# autograd sequence numbers its forward took; a node belongs to the innermost call whose range
+# holds its number (the thread that builds the graph numbers its nodes).
+
+# Module calls, oldest first: (first sequence number, one past the last, module), at most
+# _MODULE_CALLS_KEPT of them (the oldest dropped first).
+_MODULE_CALLS_KEPT = 1 << 17
+_calls: "deque[tuple[int, int, Any]]" = deque(maxlen=_MODULE_CALLS_KEPT)
+_open = threading.local()
+_hooks: list[Any] = []
+
+
+def _pre_hook(module: Any, args: Any) -> None:
+    import torch
+
+    stack = getattr(_open, "stack", None)
+    if stack is None:
+        stack = _open.stack = []
+    stack.append((id(module), _sequence_now(torch)))
+
+
+def _post_hook(module: Any, args: Any, output: Any) -> None:
+    import torch
+
+    stack = getattr(_open, "stack", None)
+    # A forward that raised left its entry: drop entries down to this module's.
+    while stack:
+        key, start = stack.pop()
+        if key == id(module):
+            _calls.append((start, _sequence_now(torch), weakref.ref(module)))
+            return
+
+
+def track_modules(enabled: bool = True) -> None:
+    """Attribute activations to the module whose forward built them (``explain()``'s
+    ``by_module``): installs (or with ``enabled=False`` removes) global forward hooks on every
+    ``torch.nn.Module``. Each module call then costs two hook calls (BENCHMARKS.md, "explain()");
+    the last 131,072 calls are kept."""
+    import torch.nn.modules.module as module_hooks
+
+    if enabled and not _hooks:
+        _hooks.append(module_hooks.register_module_forward_pre_hook(_pre_hook))
+        _hooks.append(module_hooks.register_module_forward_hook(_post_hook))
+    elif not enabled:
+        while _hooks:
+            _hooks.pop().remove()
+        _calls.clear()
+
+
+def _innermost_calls(seqs: list[int]) -> dict[int, Any]:
+    """For each sequence number, the module of the innermost kept call whose range holds it
+    (absent: none does). Calls nest, so one sweep over both sorted lists, with a stack of the
+    calls open at each number, finds them all."""
+    calls = sorted(_calls, key=lambda c: (c[0], -c[1]))  # at one start, the outer call first
+    found: dict[int, Any] = {}
+    stack: list[tuple[int, int, Any]] = []
+    i = 0
+    for seq in sorted(set(seqs)):
+        while i < len(calls) and calls[i][0] <= seq:
+            while stack and stack[-1][1] <= calls[i][0]:
+                stack.pop()
+            stack.append(calls[i])
+            i += 1
+        while stack and stack[-1][1] <= seq:
+            stack.pop()
+        if stack:
+            module = stack[-1][2]()
+            if module is not None:
+                found[seq] = module
+    return found
 
 
 def note_step() -> None:
@@ -130,6 +217,10 @@ class Categories:
     float32_activations: int = 0
     # Gradient bytes whose every element is zero (zeroed in place, not freed).
     zeroed_gradients: int = 0
+    # Module path -> category -> bytes (parameters and gradients by the module that owns them;
+    # activations and held graphs by the module whose forward built the node that saved them,
+    # with track_modules() on).
+    by_module: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -237,24 +328,49 @@ def categorize(
             out.float32_activations += key[2]
         return key[2]
 
-    # Every module and its submodules once, each parameter under the module that owns it.
+    # Every module and its submodules once, each named by its path from a module that is no
+    # other's child ("Sequential.0"), each parameter under the module that owns it.
+    paths: dict[int, str] = {}
+    children = {id(c) for m in modules for c in m.children()}
+    for m in modules:
+        if id(m) in children:
+            continue
+        for name, sub in m.named_modules(remove_duplicate=True):
+            paths.setdefault(id(sub), f"{type(m).__name__}.{name}" if name else type(m).__name__)
     owners: dict[int, Any] = {}
     for m in modules:
         for sub in m.modules():
             owners.setdefault(id(sub), sub)
+
+    def credit(module: Any, category: str, n: int) -> None:
+        if not n:
+            return
+        if module is not None and id(module) in paths:
+            path = paths[id(module)]
+        elif module is None and _calls and category in ("activations", "held_graphs"):
+            path = OUTSIDE_MODULES  # built by code between module calls (a loss, say)
+        else:
+            return
+        row = out.by_module.setdefault(path, {})
+        row[category] = row.get(category, 0) + n
+
     eval_params: set[int] = set()
     params = []
     for m in owners.values():
         for p in m.parameters(recurse=False):
-            place(p, "parameters")
-            params.append(p)
+            credit(m, "parameters", place(p, "parameters"))
+            params.append((m, p))
             if not m.training:
                 eval_params.add(id(p))
         for b in m.buffers(recurse=False):
-            place(b, "parameters")
-    for p in params:
-        if p.grad is not None and place(p.grad, "gradients") and not p.grad.any():
-            out.zeroed_gradients += _storage_key(p.grad)[2]
+            credit(m, "parameters", place(b, "parameters"))
+    for m, p in params:
+        if p.grad is None:
+            continue
+        n = place(p.grad, "gradients")
+        credit(m, "gradients", n)
+        if n and not p.grad.any():
+            out.zeroed_gradients += n
     for opt in optimizers:
         for state in opt.state.values():
             for v in state.values() if isinstance(state, dict) else ():
@@ -270,6 +386,7 @@ def categorize(
     seen: set[int] = set()
     visited: list[Any] = []
     node_category: dict[int, str] = {}
+    by_call = _innermost_calls([_seq(t.grad_fn) for t in roots]) if _calls else {}
     for t in roots:
         nodes, newest, leaves = _walk(t.grad_fn, seen)
         visited.extend(nodes)
@@ -280,10 +397,15 @@ def categorize(
         held = _boundary_seq is not None and newest < _boundary_seq
         category = "held_graphs" if held else "activations"
         freed = place(t, category)
-        for node in nodes:
+        saved_by = [(node, _saved_tensors(node)) for node in nodes]
+        if _calls:
+            by_call.update(_innermost_calls([_seq(n) for n, saved in saved_by if saved]))
+        credit(by_call.get(_seq(t.grad_fn)), category, freed)
+        for node, saved in saved_by:
             node_category[id(node)] = category
-            for saved in _saved_tensors(node):
-                freed += place(saved, category)
+            n = sum(place(v, category) for v in saved)
+            credit(by_call.get(_seq(node)), category, n)
+            freed += n
         if held:
             out.held.append(
                 HeldGraph(
@@ -318,7 +440,8 @@ def explain(
     """Where the memory is, and what would free some: the categories of :func:`categorize` and
     the remedies their evidence supports. Text, or with ``json=True`` a dict::
 
-        {"categories": {"parameters": N, ...}, "cached_bytes": N, "unusable_bytes": N,
+        {"categories": {"parameters": N, ...}, "by_module": [{"module", "parameters", ...}],
+         "cached_bytes": N, "unusable_bytes": N,
          "held_graphs": [{"root", "bytes", "eval_mode"}],
          "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
 
@@ -381,8 +504,13 @@ def explain(
             "enabled): every live graph counts as activations"
         )
     figures = _allocator_figures(device)
+    by_module = sorted(
+        ({"module": path, **row} for path, row in c.by_module.items()),
+        key=lambda r: -sum(v for k, v in r.items() if k != "module"),
+    )
     report = {
         "categories": dict(c.bytes),
+        "by_module": by_module[:_TOP_MODULES],
         "cached_bytes": figures["cached_bytes"] if figures else None,
         "unusable_bytes": figures["unusable_bytes"] if figures else None,
         "held_graphs": [
@@ -403,6 +531,13 @@ def _render(report: dict[str, Any]) -> str:
     for name in CATEGORIES:
         share = cats[name] / total * 100 if total else 0.0
         lines.append(f"  {name:<16} {format_size(cats[name]):>12}  {share:5.1f} %")
+    if report["by_module"]:
+        lines.append("  largest modules:")
+        for row in report["by_module"][:10]:
+            parts = ", ".join(
+                f"{k} {format_size(v)}" for k, v in row.items() if k != "module" and v
+            )
+            lines.append(f"    {row['module']}: {parts}")
     if report["cached_bytes"] is not None:
         lines.append(
             f"  allocator: {format_size(report['cached_bytes'])} cached (pages holding nothing), "

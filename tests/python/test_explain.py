@@ -238,3 +238,55 @@ print(json.dumps({"fp32": fp32, "bf16": bf16.bytes["activations"]}))
     # Under autocast the same forward saves about half (measured: it also saves bfloat16
     # copies of the weights, which a batch this size outweighs).
     assert got["bf16"] < 0.6 * fp32["categories"]["activations"]
+
+
+def test_by_module_names_the_owner_of_parameters_and_the_maker_of_activations():
+    got = run(
+        """
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 256)
+        self.out = torch.nn.Linear(256, 64)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.proj(x)))
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return x
+
+net = Net()
+torch_arena.track_modules()
+x = torch.randn(512, 64)
+loss = net(x).square().mean()
+r = torch_arena.explain(json=True, device="cpu")
+# Ground truth for one module: what autograd saved inside layers.1.proj's forward.
+packed = []
+with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+    net.layers[1].proj(torch.randn(512, 64))
+torch_arena.track_modules(False)
+print(json.dumps({"r": r, "rows": {row["module"]: row for row in r["by_module"]}}))
+"""
+    )
+    rows = got["rows"]
+    r = got["r"]
+    # Parameters by their owner: a Linear(64, 256) holds (64 * 256 + 256) floats.
+    assert rows["Net.layers.0.proj"]["parameters"] == 4 * (64 * 256 + 256)
+    assert rows["Net.layers.1.out"]["parameters"] == 4 * (256 * 64 + 64)
+    assert sum(row.get("parameters", 0) for row in rows.values()) == r["categories"]["parameters"]
+    # Activations by the module whose forward saved them: layers.1.out saves its input, the
+    # (512, 256) output of relu, made in Block.forward; layers.0.proj saves x (512, 64).
+    assert rows["Net.layers.0.proj"]["activations"] == 512 * 64 * 4
+    assert rows["Net.layers.1.out"]["activations"] >= 512 * 256 * 4
+    # What the loss's square and mean saved, outside every module: the (512, 64) output, and
+    # the loss itself.
+    assert rows["(outside modules)"]["activations"] == 512 * 64 * 4 + 4
+    attributed = sum(row.get("activations", 0) for row in rows.values())
+    assert attributed == r["categories"]["activations"]

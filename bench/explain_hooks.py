@@ -1,0 +1,48 @@
+"""What track_modules() costs a forward: the same CPU model (100 Linear(64, 64) layers, batch 8,
+so that the hooks weigh against little compute) timed with and without the global forward hooks,
+and explain() on it with a live graph. Prints JSON; BENCHMARKS.md, "explain()".
+
+usage: python bench/explain_hooks.py
+"""
+
+import json
+import platform
+import timeit
+
+import torch
+
+import torch_arena
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(100)])
+x = torch.randn(8, 64)
+
+
+def forward() -> None:
+    model(x).sum()
+
+
+def best(fn, number: int = 200, repeat: int = 7) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+forward()
+off = best(forward)
+torch_arena.track_modules()
+on = best(forward)
+loss = model(x).sum()
+report = best(lambda: torch_arena.explain(json=True, device="cpu"), number=3, repeat=3)
+torch_arena.track_modules(False)
+calls = 101  # the Sequential and its 100 layers
+print(
+    json.dumps(
+        {
+            "benchmark": "explain_hooks",
+            "machine": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "forward_s": {"hooks_off": off, "hooks_on": on},
+            "hook_cost_per_module_call_us": (on - off) / calls * 1e6,
+            "explain_s": report,
+        }
+    )
+)
