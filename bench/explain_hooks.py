@@ -10,7 +10,6 @@ import platform
 import timeit
 
 import torch
-
 import torch_arena
 
 torch.manual_seed(0)
