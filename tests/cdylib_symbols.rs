@@ -1,7 +1,8 @@
 //! The cdylib PyTorch loads carries the plugin only: no code of the lab (trace importers and the
 //! unpickler, the native emulation, replay, fit, plots) and none of the libraries only the lab
-//! and the command use (flate2, plotters, indicatif). Its symbol table and strings are searched
-//! as bytes, so a mangled name, a panic location or a message from the lab would all be found.
+//! and the command use (flate2, plotters, indicatif, resvg and the font it draws with). Its
+//! symbol table and strings are searched as bytes, so a mangled name, a panic location or a
+//! message from the lab would all be found.
 
 #[path = "common/cdylib.rs"]
 mod cdylib;
@@ -33,6 +34,11 @@ fn the_cdylib_links_none_of_the_lab() {
         "indicatif",
         "flate2",
         "miniz_oxide::deflate",
+        "resvg",
+        "usvg",
+        "tiny_skia",
+        "skrifa",
+        "DejaVu",
     ] {
         assert!(
             !contains(&bytes, absent),

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use torch_arena::error::{Error, Result};
 
+use super::font;
+
 /// What a line shows; sets its colour and dash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Style {
@@ -298,8 +300,10 @@ pub(super) fn hex(c: [u8; 3]) -> String {
 pub(super) struct PanelGeometry {
     pub(super) frame: Frame,
     pub(super) title: (f64, f64),
-    /// The title cut to the width (at the SVG's 14 px bold, about 8.5 px a character).
+    /// The title cut to the width (at the SVG's 14 px bold).
     pub(super) title_text: String,
+    /// The subtitle cut to the width (11 px), clear of the right axis's title.
+    pub(super) subtitle_text: String,
     /// y of the capacity line, when it is drawn inside the plot.
     pub(super) capacity_y: Option<f64>,
     /// x where the seeded part ends (0 = none).
@@ -384,15 +388,17 @@ pub(super) fn geometry(panel: &Panel, top: f64) -> PanelGeometry {
             })
             .collect()
     };
-    let fit = ((frame.w + RIGHT - 4.0) / 8.5) as usize;
-    let title_text = if panel.title.chars().count() > fit {
-        let cut: String = panel.title.chars().take(fit.saturating_sub(1)).collect();
-        format!("{cut}…")
+    let title_text = font::fit(&panel.title, 14.0, true, frame.w + RIGHT - 4.0, false);
+    // The subtitle stops short of the right axis's title ("driver time"), on about its line.
+    let subtitle_room = if panel.times.is_empty() {
+        frame.w + RIGHT - 4.0
     } else {
-        panel.title.clone()
+        frame.w + RIGHT - 16.0 - font::text_width(TIME_TITLE, 11.0, false)
     };
+    let subtitle_text = font::fit(&panel.subtitle, 11.0, false, subtitle_room, false);
     PanelGeometry {
         title_text,
+        subtitle_text,
         capacity_y: capacity_inside.map(|c| frame.y(c)),
         seeded_x: (panel.seeded > 0).then(|| frame.x(panel.seeded)),
         marks: panel
@@ -413,3 +419,14 @@ pub(super) fn geometry(panel: &Panel, top: f64) -> PanelGeometry {
 }
 
 pub(super) const X_TITLE: &str = "event";
+/// The right axis's title, above it.
+pub(super) const TIME_TITLE: &str = "driver time";
+
+/// A legend entry's text cut to its column (the sample line and a gap before it, 11 px).
+pub(super) fn legend_text(label: &str) -> String {
+    let column = (WIDTH as f64 - LEFT - RIGHT) / LEGEND_COLS as f64;
+    font::fit(label, 11.0, false, column - LEGEND_TEXT_DX - 6.0, false)
+}
+
+/// A legend entry's text starts this far right of its sample line's start.
+pub(super) const LEGEND_TEXT_DX: f64 = 28.0;

@@ -14,23 +14,28 @@
 //! For many traces, [`overview_svg`] / [`overview_png`] draw one row per trace instead (ours /
 //! native peak reserved, ours / native modelled driver time), so a sweep is one readable chart.
 //!
-//! Two outputs, both written here without a plotting library: SVG (text: polylines, ticks, a
-//! legend under each panel, a title) and PNG (a tiny rasterizer on an RGB buffer, a built-in 5×7
-//! bitmap font, and the PNG container around a zlib stream from `flate2`, with our own CRC-32).
+//! Two outputs of one picture: SVG, written here by hand (text: polylines, ticks, a legend under
+//! each panel, a title), and PNG, that same SVG rendered by resvg with an embedded DejaVu Sans
+//! (`render.rs`, `font.rs`), so a PNG looks like the SVG on a machine without any fonts.
 
 use std::path::Path;
 
 use torch_arena::error::{Error, Result};
 
+mod font;
 mod layout;
 mod overview;
-mod raster;
+mod render;
 mod svg;
 
 pub use layout::{ACCEPTED_EXTENSIONS, Format, Line, Mark, Panel, Style, TimeLine, seconds_label};
 pub use overview::{OverviewRow, overview_png, overview_svg, write_overview};
-pub use raster::png;
 pub use svg::svg;
+
+/// The panels as a PNG file: [`svg`] rendered.
+pub fn png(panels: &[Panel]) -> Vec<u8> {
+    render::svg_to_png(&svg(panels))
+}
 
 /// Draw `panels` into `path`, as SVG or PNG by its extension.
 pub fn write(path: &Path, panels: &[Panel]) -> Result<()> {
@@ -46,9 +51,7 @@ pub fn write(path: &Path, panels: &[Panel]) -> Result<()> {
 mod tests {
     use super::layout::*;
     use super::overview::ov_height;
-    use super::raster::crc32;
     use super::*;
-    use std::io::Read as _;
 
     fn sample() -> Vec<Panel> {
         vec![
@@ -228,7 +231,8 @@ mod tests {
         let g = geometry(&p, 0.0);
         let shown = g.title_text.chars().count();
         assert!(shown < 300 && g.title_text.ends_with('…'), "{shown}");
-        assert!(shown as f64 * 8.5 <= g.frame.w + RIGHT);
+        assert!(font::text_width(&g.title_text, 14.0, true) <= g.frame.w + RIGHT - 4.0);
+        assert!(font::text_width(&long[..shown - 1], 14.0, true) > g.frame.w + RIGHT - 40.0);
         let doc = svg(&[p]);
         assert!(
             doc.contains(&format!("<title>{long}</title>")),
@@ -290,10 +294,40 @@ mod tests {
         out
     }
 
-    #[test]
-    fn crc32_known_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
+    /// A PNG file's pixels, as RGB (the images are opaque), and its size.
+    struct Pixels {
+        w: u32,
+        h: u32,
+        rgba: Vec<u8>,
+    }
+
+    impl Pixels {
+        fn decode(file: &[u8]) -> Pixels {
+            let p = resvg::tiny_skia::Pixmap::decode_png(file).expect("the PNG decodes");
+            Pixels {
+                w: p.width(),
+                h: p.height(),
+                rgba: p.data().to_vec(),
+            }
+        }
+
+        fn at(&self, x: usize, y: usize) -> [u8; 3] {
+            let i = (y * self.w as usize + x) * 4;
+            assert_eq!(self.rgba[i + 3], 0xff, "opaque at ({x}, {y})");
+            [self.rgba[i], self.rgba[i + 1], self.rgba[i + 2]]
+        }
+
+        /// Pixels in `xs` × `ys` that are not the white background.
+        fn inked(&self, xs: std::ops::Range<usize>, ys: std::ops::Range<usize>) -> usize {
+            ys.flat_map(|y| xs.clone().map(move |x| (x, y)))
+                .filter(|&(x, y)| self.at(x, y) != [0xff; 3])
+                .count()
+        }
+    }
+
+    /// Each channel of `got` within `tol` of `want` (lines are anti-aliased).
+    fn near(got: [u8; 3], want: [u8; 3], tol: u8) -> bool {
+        got.iter().zip(want).all(|(g, w)| g.abs_diff(w) <= tol)
     }
 
     #[test]
@@ -302,35 +336,67 @@ mod tests {
         let file = png(&panels);
         assert_eq!(&file[..8], b"\x89PNG\r\n\x1a\n");
         let cs = chunks(&file);
-        let kinds: Vec<&[u8]> = cs.iter().map(|c| &c.0[..]).collect();
-        assert_eq!(kinds, [&b"IHDR"[..], b"IDAT", b"IEND"]);
+        assert_eq!(&cs[0].0, b"IHDR");
+        assert_eq!(&cs.last().unwrap().0, b"IEND");
+        assert!(cs.iter().any(|c| &c.0 == b"IDAT"));
         let ihdr = &cs[0].1;
         let w = u32::from_be_bytes(ihdr[0..4].try_into().unwrap());
         let h = u32::from_be_bytes(ihdr[4..8].try_into().unwrap());
         assert_eq!((w, h), (WIDTH, image_height(&panels)));
-        assert_eq!(&ihdr[8..], &[8, 2, 0, 0, 0]);
-        let mut raw = Vec::new();
-        flate2::read::ZlibDecoder::new(&cs[1].1[..])
-            .read_to_end(&mut raw)
-            .unwrap();
-        let stride = w as usize * 3 + 1;
-        assert_eq!(raw.len(), stride * h as usize);
-        let pixel = |x: usize, y: usize| {
-            let i = y * stride + 1 + x * 3;
-            [raw[i], raw[i + 1], raw[i + 2]]
-        };
+        assert_eq!(ihdr[8], 8, "8 bits a channel");
+        let px = Pixels::decode(&file);
+        assert_eq!((px.w, px.h), (w, h));
         // The arena line at 50 MiB on a 0..80 MiB axis (ticks of 16 MiB), at event 75.
         let g = geometry(&panels[0], 0.0);
         let (x, y) = (
             g.frame.x(75).round() as usize,
             g.frame.y(50 * MIB).round() as usize,
         );
-        assert_eq!(pixel(x, y), color(Style::Arena(0)));
-        assert_eq!(pixel(5, 5), [0xff; 3], "background");
-        // The y axis, in the second panel too.
+        let c = color(Style::Arena(0));
+        assert!(
+            (y - 1..=y + 1).any(|y| near(px.at(x, y), c, 64)),
+            "{:?}",
+            px.at(x, y)
+        );
+        assert_eq!(px.at(5, 5), [0xff; 3], "background");
+        // The y axis, in the second panel too: black, anti-aliased over two columns.
         let g2 = geometry(&panels[1], panel_height(&panels[0]));
         let mid = ((g2.frame.y0 + g2.frame.bottom()) / 2.0).round() as usize;
-        assert_eq!(pixel(g2.frame.x0.round() as usize, mid), [0, 0, 0]);
+        let x0 = g2.frame.x0.round() as usize;
+        assert!(
+            (x0 - 1..=x0).any(|x| near(px.at(x, mid), [0; 3], 0x90)),
+            "{:?}",
+            px.at(x0, mid)
+        );
+    }
+
+    #[test]
+    fn png_draws_the_titles_text() {
+        // The title's box: from its x to 300 px right, its cap height above the baseline.
+        let title_box = |g: &PanelGeometry| {
+            let (x, y) = (g.title.0 as usize, g.title.1 as usize);
+            (x..x + 300, y - 12..y + 2)
+        };
+        let with = Panel::new("Reserved bytes over the trace", 100, vec![]);
+        let without = Panel::new("", 100, vec![]);
+        let g = geometry(&with, 0.0);
+        let (xs, ys) = title_box(&g);
+        let inked = Pixels::decode(&png(&[with])).inked(xs.clone(), ys.clone());
+        assert!(inked > 300, "the title is drawn: {inked} pixels of ink");
+        let blank = Pixels::decode(&png(&[without])).inked(xs, ys);
+        assert_eq!(blank, 0, "nothing else is drawn there");
+
+        // The overview's title too, at (10, 22).
+        let rows = [OverviewRow {
+            name: "t".into(),
+            reserved_ratio: Some(1.0),
+            driver_ratio: Some(1.0),
+            note: String::new(),
+        }];
+        let inked = Pixels::decode(&overview_png("An overview", &rows)).inked(10..200, 10..24);
+        assert!(inked > 100, "the overview's title is drawn: {inked}");
+        let blank = Pixels::decode(&overview_png("", &rows)).inked(10..200, 10..24);
+        assert_eq!(blank, 0);
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use torch_arena::error::{Error, Result};
 
+use super::font;
 use super::layout::*;
-use super::raster::{Canvas, encode_png, text_width};
-use super::svg::escape_xml;
+use super::svg::{escape_xml, svg_open};
 
 // ---------------------------------------------------------------------------------------------
 // Overview: one row per trace
@@ -57,17 +57,6 @@ fn ov_bar_color(r: f64) -> [u8; 3] {
     }
 }
 
-/// `name` cut to `chars` characters, keeping its end (where trace names differ).
-fn cut_start(name: &str, chars: usize) -> String {
-    let n = name.chars().count();
-    if n <= chars {
-        name.to_string()
-    } else {
-        let tail: String = name.chars().skip(n - chars + 1).collect();
-        format!("…{tail}")
-    }
-}
-
 /// What the overview's bars and labels are, for both renderers: per row
 /// (y, name, reserved bar end and label, driver bar end and label).
 struct OvRow {
@@ -81,11 +70,15 @@ fn ov_rows(rows: &[OverviewRow]) -> Vec<OvRow> {
     rows.iter()
         .enumerate()
         .map(|(i, r)| {
+            // The name keeps its end (where trace names differ), the note whole if it can.
+            let room = OV_NAME_W - 6.0;
             let name = if r.note.is_empty() {
-                cut_start(&r.name, 52)
+                font::fit(&r.name, 11.0, false, room, true)
             } else {
                 let note = format!(" ({})", r.note);
-                cut_start(&r.name, 52usize.saturating_sub(note.chars().count()).max(8)) + &note
+                let note_w = font::text_width(&note, 11.0, false).min(room / 2.0);
+                let note = font::fit(&note, 11.0, false, note_w, false);
+                font::fit(&r.name, 11.0, false, room - note_w, true) + &note
             };
             OvRow {
                 y: OV_TOP + i as f64 * OV_ROW,
@@ -107,21 +100,11 @@ const OV_B_TITLE: &str = "modelled driver time, ours / native (log)";
 /// The overview chart as an SVG document: per trace, ours / native peak reserved and modelled
 /// driver time (bars in blue where ours is at or under native, orange where over).
 pub fn overview_svg(title: &str, rows: &[OverviewRow]) -> String {
-    let h = ov_height(rows);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{h}\" \
-         viewBox=\"0 0 {WIDTH} {h}\" font-family=\"sans-serif\" font-size=\"11\">"
-    );
-    let _ = writeln!(
-        s,
-        "<rect width=\"{WIDTH}\" height=\"{h}\" fill=\"#ffffff\"/>"
-    );
+    let mut s = svg_open(ov_height(rows));
     let _ = writeln!(
         s,
         "<text x=\"10\" y=\"22\" font-size=\"14\" font-weight=\"bold\">{}</text>",
-        escape_xml(&cut_start(title, 105))
+        escape_xml(&font::fit(title, 14.0, true, WIDTH as f64 - 20.0, false))
     );
     let bottom = OV_TOP + rows.len() as f64 * OV_ROW;
     for ((x0, x1), name) in [(OV_A, OV_A_TITLE), (OV_B, OV_B_TITLE)] {
@@ -184,7 +167,7 @@ pub fn overview_svg(title: &str, rows: &[OverviewRow]) -> String {
                     let _ = writeln!(
                         s,
                         "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"9\">{}</text>",
-                        (x1 + 3.0).min(WIDTH as f64 - 2.0 - 5.5 * label.len() as f64),
+                        (x1 + 3.0).min(WIDTH as f64 - 2.0 - font::text_width(label, 9.0, false)),
                         r.y + 11.0,
                         escape_xml(label)
                     );
@@ -204,72 +187,9 @@ pub fn overview_svg(title: &str, rows: &[OverviewRow]) -> String {
     s
 }
 
-/// The overview chart as a PNG file.
+/// The overview chart as a PNG file: [`overview_svg`] rendered.
 pub fn overview_png(title: &str, rows: &[OverviewRow]) -> Vec<u8> {
-    const BLACK: [u8; 3] = [0, 0, 0];
-    let mut cv = Canvas::new(WIDTH, ov_height(rows));
-    let mut phase = 0;
-    cv.text(10.0, 10.0, &cut_start(title, 150), BLACK, 1);
-    let bottom = OV_TOP + rows.len() as f64 * OV_ROW;
-    for ((x0, x1), name) in [(OV_A, OV_A_TITLE), (OV_B, OV_B_TITLE)] {
-        cv.text(
-            (x0 + x1) / 2.0 - text_width(name, 1) / 2.0,
-            OV_TOP - 38.0,
-            name,
-            BLACK,
-            1,
-        );
-    }
-    let mut ticks: Vec<(f64, String)> = (0..=4)
-        .map(|i| {
-            let v = i as f64 * OV_A_MAX / 4.0;
-            (ov_a(v), trim_number(v))
-        })
-        .collect();
-    ticks.extend(
-        (OV_B_LO as i32..=OV_B_HI as i32)
-            .map(|e| (ov_b(10f64.powi(e)), trim_number(10f64.powi(e)))),
-    );
-    for (x, label) in &ticks {
-        cv.line(
-            (*x, OV_TOP - 8.0),
-            (*x, bottom),
-            [0xe0; 3],
-            1,
-            None,
-            &mut phase,
-        );
-        cv.text(
-            x - text_width(label, 1) / 2.0,
-            OV_TOP - 20.0,
-            label,
-            BLACK,
-            1,
-        );
-    }
-    for x in [ov_a(1.0), ov_b(1.0)] {
-        cv.line((x, OV_TOP - 8.0), (x, bottom), BLACK, 1, None, &mut phase);
-    }
-    for r in ov_rows(rows) {
-        cv.text(
-            OV_NAME_W - text_width(&r.name, 1),
-            r.y + 4.0,
-            &r.name,
-            BLACK,
-            1,
-        );
-        for (bar, x0) in [(&r.a, OV_A.0), (&r.b, OV_B.0)] {
-            match bar {
-                Some((x1, label, c)) => {
-                    cv.fill((x0, r.y + 3.0), (x1.max(x0 + 1.0), r.y + OV_ROW - 2.0), *c);
-                    let x = (x1 + 3.0).min(WIDTH as f64 - 2.0 - text_width(label, 1));
-                    cv.text(x, r.y + 4.0, label, BLACK, 1);
-                }
-                None => cv.text(x0 + 3.0, r.y + 4.0, "n/a", [0x77; 3], 1),
-            }
-        }
-    }
-    encode_png(&cv)
+    super::render::svg_to_png(&overview_svg(title, rows))
 }
 
 /// Draw an overview chart into `path`, as SVG or PNG by its extension.

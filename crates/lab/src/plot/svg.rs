@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use super::font;
 use super::layout::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -23,19 +24,42 @@ pub(super) fn escape_xml(s: &str) -> String {
     out
 }
 
+/// An SVG document's opening tag and white background, `height` tall: text in the embedded
+/// font's family (the PNG renders with it; a viewer without it falls back to its sans-serif).
+pub(super) fn svg_open(height: u32) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
+         viewBox=\"0 0 {WIDTH} {height}\" font-family=\"'{}', sans-serif\" \
+         font-size=\"11\">\n<rect width=\"{WIDTH}\" height=\"{height}\" fill=\"#ffffff\"/>\n",
+        font::FAMILY
+    )
+}
+
+/// Attributes for text drawn over lines: a white outline under the glyphs.
+const HALO: &str =
+    " stroke=\"#ffffff\" stroke-width=\"3\" stroke-linejoin=\"round\" paint-order=\"stroke\"";
+
+/// A legend entry's text beside its sample line at (`x`, `y`), cut to its column (then the whole
+/// text is its tooltip).
+fn legend_label(s: &mut String, x: f64, y: f64, label: &str) {
+    let shown = legend_text(label);
+    let tip = if shown == label {
+        String::new()
+    } else {
+        format!("<title>{}</title>", escape_xml(label))
+    };
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\">{}{tip}</text>",
+        x + LEGEND_TEXT_DX,
+        y + 4.0,
+        escape_xml(&shown)
+    );
+}
+
 /// The panels as an SVG document.
 pub fn svg(panels: &[Panel]) -> String {
-    let height = image_height(panels);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
-         viewBox=\"0 0 {WIDTH} {height}\" font-family=\"sans-serif\" font-size=\"11\">"
-    );
-    let _ = writeln!(
-        s,
-        "<rect width=\"{WIDTH}\" height=\"{height}\" fill=\"#ffffff\"/>"
-    );
+    let mut s = svg_open(image_height(panels));
     let mut top = 0.0;
     for panel in panels {
         let g = geometry(panel, top);
@@ -55,7 +79,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#444444\">{}</text>",
                 g.title.0,
                 g.title.1 + 16.0,
-                escape_xml(&panel.subtitle)
+                escape_xml(&g.subtitle_text)
             );
         }
         if let Some(x) = g.seeded_x {
@@ -69,7 +93,7 @@ pub fn svg(panels: &[Panel]) -> String {
             );
             let _ = writeln!(
                 s,
-                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#777777\">seeded</text>",
+                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#777777\"{HALO}>seeded</text>",
                 f.x0 + 3.0,
                 f.y0 + 12.0
             );
@@ -121,9 +145,10 @@ pub fn svg(panels: &[Panel]) -> String {
         if !g.time_ticks.is_empty() {
             let _ = writeln!(
                 s,
-                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555555\">driver time</text>",
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555555\">{TIME_TITLE}</text>",
                 WIDTH as f64 - 4.0,
-                f.y0 - 6.0
+                // On the subtitle's line (which stops short of it), clear of the top tick.
+                f.y0 - 12.0
             );
         }
         // Axes.
@@ -177,7 +202,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 f.x0 + f.w
             );
         }
-        for (x, label, c) in &g.marks {
+        for (x, _, c) in &g.marks {
             let _ = writeln!(
                 s,
                 "<line class=\"oom\" x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{}\" stroke-width=\"2\"/>",
@@ -185,19 +210,24 @@ pub fn svg(panels: &[Panel]) -> String {
                 f.bottom(),
                 hex(*c)
             );
-            let anchor = if *x > f.x0 + f.w * 0.7 {
-                "end"
+        }
+        // The markers' labels over every line (a white halo keeps them readable), one a row so
+        // that markers close together do not write over each other, inside the plot area.
+        for (i, (x, label, c)) in g.marks.iter().enumerate() {
+            let end = *x > f.x0 + f.w * 0.7;
+            let (anchor, dx, room) = if end {
+                ("end", -4.0, x - 4.0 - f.x0)
             } else {
-                "start"
+                ("start", 4.0, f.x0 + f.w - (x + 4.0))
             };
-            let dx = if anchor == "end" { -4.0 } else { 4.0 };
+            let label = font::fit(label, 11.0, true, room, false);
             let _ = writeln!(
                 s,
-                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"{}\" font-weight=\"bold\">{}</text>",
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\" fill=\"{}\" font-weight=\"bold\"{HALO}>{}</text>",
                 x + dx,
-                f.y0 + 24.0,
+                f.y0 + 24.0 + 14.0 * (i % 12) as f64,
                 hex(*c),
-                escape_xml(label)
+                escape_xml(&label)
             );
         }
         // Legend: the lines, the time lines, the capacity.
@@ -209,13 +239,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 x + 22.0,
                 hex(color(line.style))
             );
-            let _ = writeln!(
-                s,
-                "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                x + 28.0,
-                y + 4.0,
-                escape_xml(&line.label)
-            );
+            legend_label(&mut s, x, y, &line.label);
         }
         if panel.capacity.is_some()
             && let Some(&(x, y)) = slots.next()
@@ -225,13 +249,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 "<line x1=\"{x:.1}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#000000\" stroke-dasharray=\"8 3 2 3\"/>",
                 x + 22.0
             );
-            let _ = writeln!(
-                s,
-                "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                x + 28.0,
-                y + 4.0,
-                escape_xml(&capacity_label(panel, &g))
-            );
+            legend_label(&mut s, x, y, &capacity_label(panel, &g));
         }
         for (line, &(x, y)) in panel.lines.iter().zip(&g.legend) {
             let dash = if line.style == Style::Requested {
@@ -245,13 +263,7 @@ pub fn svg(panels: &[Panel]) -> String {
                 x + 22.0,
                 hex(color(line.style))
             );
-            let _ = writeln!(
-                s,
-                "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                x + 28.0,
-                y + 4.0,
-                escape_xml(&line.label)
-            );
+            legend_label(&mut s, x, y, &line.label);
         }
         let _ = writeln!(s, "</g>");
         top += panel_height(panel);
