@@ -79,10 +79,10 @@ def set_devices(devices: Callable[[], list[int]] | None) -> None:
 
 
 def _allocator_figures(device: str | None) -> dict[str, int] | None:
-    """``cached_bytes`` (pages that hold nothing: idle and pooled ones serve any request at
-    once, and those of handles that a live neighbour keeps mapped are lent where a request needs
-    them once memory runs short) and ``unusable_bytes`` (free bytes inside pages that hold live
-    data: no other request can have them until those blocks go) of the torch-arena device that
+    """``cached_bytes`` (idle mapped and pooled pages: any request can have them) and
+    ``unusable_bytes`` (reserved, yet not for any request: pages holding nothing in handles that
+    also hold live data or belong to a private pool, and the free space inside pages that hold
+    live data), as the out-of-memory message counts them, of the torch-arena device that
     ``device`` names (None: the first it serves), or None where torch-arena serves none."""
     if _devices is None or (device is not None and not device.startswith("cuda")):
         return None
@@ -95,8 +95,8 @@ def _allocator_figures(device: str | None) -> dict[str, int] | None:
     pages = stats.pages(index)
     allocated = stats.memory_stats(index).get("allocated_bytes.all.current", 0)
     return {
-        "cached_bytes": pages["idle_mapped_bytes"] + pages["pooled_bytes"] + pages["held_bytes"],
-        "unusable_bytes": max(0, pages["in_use_bytes"] - allocated),
+        "cached_bytes": pages["idle_mapped_bytes"] + pages["pooled_bytes"],
+        "unusable_bytes": pages["held_bytes"] + max(0, pages["in_use_bytes"] - allocated),
     }
 
 
@@ -540,9 +540,9 @@ def _render(report: dict[str, Any]) -> str:
             lines.append(f"    {row['module']}: {parts}")
     if report["cached_bytes"] is not None:
         lines.append(
-            f"  allocator: {format_size(report['cached_bytes'])} cached (pages holding nothing), "
-            f"{format_size(report['unusable_bytes'])} reserved but unusable (free space inside "
-            "pages that hold live data)"
+            f"  allocator: {format_size(report['cached_bytes'])} cached (any request can have "
+            f"it), {format_size(report['unusable_bytes'])} reserved but unusable (pages whose "
+            "handles also hold live data, free space inside pages that hold live data)"
         )
     for r in report["remedies"]:
         lines.append(f"remedy {r['id']}: saves {format_size(r['saves_bytes'])}: {r['why']}")

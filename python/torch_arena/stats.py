@@ -281,7 +281,8 @@ def pages(device: Any = None) -> dict[str, int]:
     tensors), ``idle_mapped_bytes`` (mapped pages holding nothing, reused where they are or moved
     where a new range needs them), ``held_bytes`` (mapped pages holding nothing that cannot move:
     a physical handle moves only whole, and other pages of theirs hold live tensors; only freeing
-    those makes them usable elsewhere) and ``pooled_bytes`` (created, mapped nowhere), in pages of
+    those makes them usable elsewhere, but for what the out-of-memory ladder lends when memory
+    runs out) and ``pooled_bytes`` (created, mapped nowhere), in pages of
     ``page_size`` bytes. With VMM the four add up to ``memory_reserved()``. When memory runs out
     with much reserved but little allocated, ``held_bytes`` says how much of it is stuck. It walks
     the arena's page tables under its lock: read it to diagnose, not around every allocation."""

@@ -30,7 +30,9 @@ pub struct PageCounts {
     /// Pages mapped and holding nothing that cannot move: a physical handle is mapped and
     /// unmapped only whole, and other pages of theirs hold live allocations (or they belong to a
     /// private pool, which keeps its pages until it is released). Only a free of those
-    /// allocations makes them usable elsewhere.
+    /// allocations makes them usable elsewhere as they are; when memory runs out, the
+    /// out-of-memory ladder may lend those outside a private pool (map them a second time where
+    /// the request goes: ARCHITECTURE.md, "Lending at the limit").
     pub held: u64,
     /// Pages created but not mapped anywhere: ready to back any new range.
     pub pooled: u64,
