@@ -386,33 +386,39 @@ def categorize(
     seen: set[int] = set()
     visited: list[Any] = []
     node_category: dict[int, str] = {}
-    by_call = _innermost_calls([_seq(t.grad_fn) for t in roots]) if _calls else {}
+    # First every graph is walked (a root inside a graph already walked has no nodes of its own:
+    # the `out` of `loss = f(out)` is that graph's), then the module calls of all their nodes are
+    # found in one sweep, then the storages are placed, newest graph first.
+    graphs = []
     for t in roots:
         nodes, newest, leaves = _walk(t.grad_fn, seen)
         visited.extend(nodes)
         if not nodes:
-            # An output inside a graph already walked (`out` of `loss = f(out)`): that graph's.
-            place(t, node_category.get(id(t.grad_fn), "activations"))
+            graphs.append((t, node_category.get(id(t.grad_fn), "activations"), [], None))
             continue
         held = _boundary_seq is not None and newest < _boundary_seq
         category = "held_graphs" if held else "activations"
-        freed = place(t, category)
         saved_by = [(node, _saved_tensors(node)) for node in nodes]
-        if _calls:
-            by_call.update(_innermost_calls([_seq(n) for n, saved in saved_by if saved]))
+        for node in nodes:
+            node_category[id(node)] = category
+        graphs.append((t, category, saved_by, bool(leaves & eval_params) if held else None))
+    seqs = [_seq(t.grad_fn) for t, *_ in graphs]
+    seqs += [_seq(n) for _, _, saved_by, _ in graphs for n, saved in saved_by if saved]
+    by_call = _innermost_calls(seqs) if _calls else {}
+    for t, category, saved_by, eval_mode in graphs:
+        freed = place(t, category)
         credit(by_call.get(_seq(t.grad_fn)), category, freed)
         for node, saved in saved_by:
-            node_category[id(node)] = category
             n = sum(place(v, category) for v in saved)
             credit(by_call.get(_seq(node)), category, n)
             freed += n
-        if held:
+        if eval_mode is not None:  # a held graph
             out.held.append(
                 HeldGraph(
                     description=f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} "
                     f"from {type(t.grad_fn).__name__}",
                     bytes=freed,
-                    eval_mode=bool(leaves & eval_params),
+                    eval_mode=eval_mode,
                 )
             )
     for t in tensors:
@@ -450,30 +456,26 @@ def explain(
     """
     c = categorize(modules, optimizers, device)
     remedies = []
-    no_grad = [h for h in c.held if h.eval_mode]
-    detach = [h for h in c.held if not h.eval_mode]
-    if no_grad:
-        saves = sum(h.bytes for h in no_grad)
-        remedies.append(
-            {
-                "id": "no_grad",
-                "saves_bytes": saves,
-                "why": f"{len(no_grad)} output(s) computed through a module in evaluation mode "
-                f"with grad enabled keep their graphs ({format_size(saves)}) past a step: "
-                "run evaluation under torch.no_grad() or torch.inference_mode()",
-            }
-        )
-    if detach:
-        saves = sum(h.bytes for h in detach)
-        remedies.append(
-            {
-                "id": "detach",
-                "saves_bytes": saves,
-                "why": f"{len(detach)} tensor(s) kept past a step hold their graphs "
-                f"({format_size(saves)}): keep .detach() or .item() of them (a loss appended "
-                "to a list keeps its whole graph)",
-            }
-        )
+    for remedy, eval_mode, why in (
+        (
+            "no_grad",
+            True,
+            "{n} output(s) computed through a module in evaluation mode with grad enabled keep "
+            "their graphs ({size}) past a step: run evaluation under torch.no_grad() or "
+            "torch.inference_mode()",
+        ),
+        (
+            "detach",
+            False,
+            "{n} tensor(s) kept past a step hold their graphs ({size}): keep .detach() or "
+            ".item() of them (a loss appended to a list keeps its whole graph)",
+        ),
+    ):
+        graphs = [h for h in c.held if h.eval_mode == eval_mode]
+        if graphs:
+            saves = sum(h.bytes for h in graphs)
+            why = why.format(n=len(graphs), size=format_size(saves))
+            remedies.append({"id": remedy, "saves_bytes": saves, "why": why})
     if c.zeroed_gradients:
         remedies.append(
             {

@@ -693,7 +693,7 @@ impl Resource for SimArena {
     }
 
     fn reserved(&self) -> u64 {
-        self.arena.stats().reserved_bytes.all().current.max(0) as u64
+        Resource::reserved(&self.arena)
     }
 }
 
