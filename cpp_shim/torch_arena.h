@@ -157,6 +157,10 @@ typedef struct torch_arena_pages_t {
   uint64_t held_bytes;
   /** Pages created and mapped nowhere, ready for any new range. */
   uint64_t pooled_bytes;
+  /** What the arena may hold reserved: the device's capacity, or its memory fraction of it. */
+  uint64_t limit_bytes;
+  /** The device's free bytes, as the driver reports them (0 where it cannot say). */
+  uint64_t device_free_bytes;
 } torch_arena_pages_t;
 
 #ifdef __cplusplus

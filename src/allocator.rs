@@ -336,6 +336,11 @@ impl TorchArena {
         Ok(self.arena(device)?.pages())
     }
 
+    /// The arena's limit and the device's free bytes ([`crate::arena::Arena::limits`]).
+    pub fn limits(&self, device: i32) -> Result<(u64, u64)> {
+        Ok(self.arena(device)?.limits())
+    }
+
     pub fn extras(&self, device: i32) -> Result<ArenaExtras> {
         Ok(self.arena(device)?.extras())
     }

@@ -139,6 +139,8 @@ class Pages(_Counts):
         ("idle_mapped_bytes", ctypes.c_uint64),
         ("held_bytes", ctypes.c_uint64),
         ("pooled_bytes", ctypes.c_uint64),
+        ("limit_bytes", ctypes.c_uint64),
+        ("device_free_bytes", ctypes.c_uint64),
     ]
 
 

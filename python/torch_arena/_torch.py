@@ -504,6 +504,8 @@ def _enable_locked(conf: str | None) -> None:
     from . import _oom
 
     _oom.install(text)
+    if _native.conf_items(text).get("explain") == "True":
+        _explain.track_modules()
     _log.info(
         "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
         _rank_text(),

@@ -283,7 +283,9 @@ def pages(device: Any = None) -> dict[str, int]:
     a physical handle moves only whole, and other pages of theirs hold live tensors; only freeing
     those makes them usable elsewhere, but for what the out-of-memory ladder lends when memory
     runs out) and ``pooled_bytes`` (created, mapped nowhere), in pages of
-    ``page_size`` bytes. With VMM the four add up to ``memory_reserved()``. When memory runs out
+    ``page_size`` bytes. With VMM the four add up to ``memory_reserved()``. Then ``limit_bytes``
+    (what the arena may reserve: the device's capacity, or its memory fraction of it) and
+    ``device_free_bytes`` (free as the driver reports it; one driver call). When memory runs out
     with much reserved but little allocated, ``held_bytes`` says how much of it is stuck. It walks
     the arena's page tables under its lock: read it to diagnose, not around every allocation."""
     return _native.pages(_device_index(device))

@@ -166,6 +166,10 @@ pub struct TorchArenaPages {
     pub idle_mapped_bytes: u64,
     pub held_bytes: u64,
     pub pooled_bytes: u64,
+    /// What the arena may hold reserved: the device's capacity, or its memory fraction of it.
+    pub limit_bytes: u64,
+    /// The device's free bytes, as the driver reports them (0 where it cannot say).
+    pub device_free_bytes: u64,
 }
 
 /// Where `device`'s physical memory is, into `*out`. 0 or an error code (`out` NULL:
@@ -183,6 +187,7 @@ pub unsafe extern "C" fn torch_arena_pages(device: c_int, out: *mut TorchArenaPa
         let r = inst.pages(device);
         watch_device(inst, device, &r);
         let p = r?;
+        let (limit_bytes, device_free_bytes) = inst.limits(device)?;
         let bytes = |n: u64| n.saturating_mul(p.page_size);
         let v = TorchArenaPages {
             page_size: p.page_size,
@@ -190,6 +195,8 @@ pub unsafe extern "C" fn torch_arena_pages(device: c_int, out: *mut TorchArenaPa
             idle_mapped_bytes: bytes(p.idle_mapped),
             held_bytes: bytes(p.held),
             pooled_bytes: bytes(p.pooled),
+            limit_bytes,
+            device_free_bytes,
         };
         // SAFETY: non-null, valid by the caller's contract.
         unsafe { *out = v };

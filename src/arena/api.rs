@@ -214,6 +214,15 @@ impl Arena {
         self.inner.lock().page_counts()
     }
 
+    /// `(limit, free)`: the bytes this arena may hold reserved (the device's capacity, or the
+    /// memory fraction of it), and the device's free bytes as the driver reports them (0 where
+    /// it cannot say). One driver call: for reports and the out-of-memory path.
+    pub fn limits(&self) -> (u64, u64) {
+        let g = self.inner.lock();
+        let free = g.dev.mem_get_info().map_or(0, |(free, _)| free);
+        (g.limit, free)
+    }
+
     /// Physical memory created so far, by whether its request took the bytes requested to a new
     /// peak (also in [`Arena::extras`], which costs more: it walks the slabs).
     pub fn growth(&self) -> GrowthCounts {

@@ -72,7 +72,7 @@ pub(super) fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-pub(super) const KEY_DEFS: [KeyDef; 20] = [
+pub(super) const KEY_DEFS: [KeyDef; 21] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -288,6 +288,18 @@ pub(super) const KEY_DEFS: [KeyDef; 20] = [
             Some(())
         },
         show: |c| show_bool(c.leaks),
+    },
+    KeyDef {
+        name: "explain",
+        help: "attribute memory to modules (forward hooks) and, at out-of-memory, add what the \
+               memory is to the error and write an explain() report, True or False (default \
+               False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.explain = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.explain),
     },
     KeyDef {
         name: "leak_warmup",

@@ -98,6 +98,9 @@ pub struct Config {
     pub sites_min_kb: u64,
     /// `leaks:True|False`: the Python layer prints a leak report at exit (default False).
     pub leaks: bool,
+    /// `explain:True|False`: the Python layer attributes memory to modules (forward hooks) and
+    /// writes an `explain()` report at out-of-memory (default False).
+    pub explain: bool,
     /// `leak_warmup:N`: steps ignored before growth counts (default 2).
     pub leak_warmup: u64,
     /// `leak_age:N`: also report live allocations older than N steps; 0 = off (default 0).
@@ -136,6 +139,7 @@ impl Default for Config {
             sites_every: 1,
             sites_min_kb: 0,
             leaks: false,
+            explain: false,
             leak_warmup: 2,
             leak_age: 0,
         }

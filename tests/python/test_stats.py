@@ -273,12 +273,22 @@ def test_growth_tells_memory_created_for_a_new_peak_from_memory_created_below_it
 PAGES_SCRIPT = """
 import torch_arena
 MiB = 1 << 20
-keys = ["page_size", "in_use_bytes", "idle_mapped_bytes", "held_bytes", "pooled_bytes"]
+keys = ["page_size", "in_use_bytes", "idle_mapped_bytes", "held_bytes", "pooled_bytes",
+        "limit_bytes", "device_free_bytes"]
 def parts(p):
     return p["in_use_bytes"] + p["idle_mapped_bytes"] + p["held_bytes"] + p["pooled_bytes"]
 p = torch_arena.pages()
 assert list(p) == keys, p
 assert p["page_size"] == 2 * MiB and parts(p) == torch_arena.memory_reserved() == 0, p
+# The limit is the simulated GPU's capacity, all of it free; a memory fraction lowers the limit,
+# not what the device has free.
+from torch_arena import _native
+capacity = int(_native.conf_items(_native.installed_conf())["sim_capacity_mb"]) << 20
+assert p["limit_bytes"] == p["device_free_bytes"] == capacity, p
+torch_arena.set_per_process_memory_fraction(0.5)
+assert torch_arena.pages()["limit_bytes"] == capacity // 2
+assert torch_arena.pages()["device_free_bytes"] == capacity
+torch_arena.set_per_process_memory_fraction(1.0)
 # A block 512 bytes past 100 MiB, then a 64 MiB one right after it, on its last page: with the
 # first freed, its handle stays mapped but held by the second (under 1/32 of the simulated GPU,
 # its last page is not a handle of its own).
@@ -291,6 +301,7 @@ torch_arena.caching_allocator_delete(a)
 q = torch_arena.pages()
 assert q["held_bytes"] >= p["held_bytes"] + 98 * MiB, (p, q)
 assert parts(q) == torch_arena.memory_reserved(), q
+assert q["device_free_bytes"] == q["limit_bytes"] - torch_arena.memory_reserved(), q
 # Freeing the second lets the whole handle go idle; empty_cache gives everything back.
 torch_arena.caching_allocator_delete(b)
 r = torch_arena.pages()
