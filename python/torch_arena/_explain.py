@@ -42,6 +42,7 @@ This module imports torch when its functions are called, never at import time.
 """
 
 import gc
+import sys
 import threading
 import weakref
 from collections import deque
@@ -223,8 +224,6 @@ def note_step() -> None:
     """Mark a step boundary for :func:`categorize` (called by :func:`torch_arena.step` and after
     every ``optimizer.step()`` once torch-arena is enabled). Does nothing until torch is
     imported."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "zeros"):
         return
@@ -310,7 +309,9 @@ def _saved_tensors(node: Any) -> list[Any]:
     still there (a backward that ran frees them)."""
     out = []
     for name in dir(node):
-        if not name.startswith("_saved_"):
+        # `_saved_*` on built-in nodes; `saved_tensors` on a custom autograd.Function's (what
+        # torch.compile's CompiledFunction saves).
+        if not name.startswith("_saved_") and name != "saved_tensors":
             continue
         try:
             value = getattr(node, name)
@@ -370,20 +371,28 @@ def categorize(
     found: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
     tensors, found_modules, found_optimizers = found
     kinds: dict[type, list[Any] | None] = {}
+    # torch.compile leaves FakeTensors (shapes without memory) in its caches: not tensors here.
+    fake = getattr(sys.modules.get("torch._subclasses.fake_tensor"), "FakeTensor", None)
     for o in gc.get_objects():
         tp = type(o)
         try:
             into = kinds[tp]
         except KeyError:
-            into = kinds[tp] = next(
-                (
-                    lst
-                    for base, lst in zip(
-                        (torch.Tensor, torch.nn.Module, torch.optim.Optimizer), found, strict=True
-                    )
-                    if issubclass(tp, base)
-                ),
-                None,
+            into = kinds[tp] = (
+                None
+                if fake is not None and issubclass(tp, fake)
+                else next(
+                    (
+                        lst
+                        for base, lst in zip(
+                            (torch.Tensor, torch.nn.Module, torch.optim.Optimizer),
+                            found,
+                            strict=True,
+                        )
+                        if issubclass(tp, base)
+                    ),
+                    None,
+                )
             )
         if into is not None:
             into.append(o)

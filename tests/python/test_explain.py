@@ -484,3 +484,34 @@ def test_at_oom_without_explain_or_leaks_the_message_has_no_explain_line(tmp_pat
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert "torch-arena explain" not in got["message"]
     assert not [f for f in got["files"] if f.startswith("torch-arena-oom")]
+
+
+def test_under_torch_compile_the_compiled_graphs_saved_tensors_are_activations():
+    # A compiled forward is one custom autograd node (CompiledFunctionBackward) whose saved
+    # tensors are `saved_tensors`, not `_saved_*`; compile also leaves FakeTensors (no memory)
+    # in its caches, which must not count or warn.
+    got = run(
+        """
+import warnings
+cm = torch.compile(model)
+cm(x)  # compiled here; the second call reuses it
+packed = []
+def pack(t):
+    packed.append(t)
+    return t
+with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    out = cm(x)
+    loss = out.square().mean()
+params = storages(model.parameters())
+saved = {k: v for k, v in storages(packed).items() if k not in params}
+truth = total({**saved, **storages([out, loss])})
+del packed
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    r = torch_arena.explain(json=True, device="cpu")
+print(json.dumps({"activations": r["categories"]["activations"], "truth": truth,
+                  "warned": [str(w.message)[:80] for w in caught]}))
+"""
+    )
+    assert got["activations"] == got["truth"] > 32 * 256 * 4, got
+    assert got["warned"] == []
