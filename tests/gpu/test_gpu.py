@@ -281,3 +281,12 @@ def test_a_clean_gpt_training_loop_reports_nothing(workload):
     r = workload("clean_gpt", arena=True, **LEAKS)
     assert r["steps"] >= 16  # optimizer.step() advanced the steps
     assert r["sites"] == [], r["text"]
+
+
+def test_explain_tells_the_truth_on_a_real_model_and_at_an_out_of_memory_error(workload):
+    # Issue 41, item 3: categories against ground truths, no_grad on a planted evaluation loop,
+    # smaller_batch at an OOM against the largest batch that fits, found by trying.
+    from workloads import explain_truth_failures
+
+    r = workload("explain_truth", arena=True, TORCH_ARENA_CONF="explain:True")
+    assert explain_truth_failures(r) == [], r

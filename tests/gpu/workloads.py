@@ -700,6 +700,180 @@ def clean_gpt(device: str) -> dict[str, Any]:
     return _leak_result(None, None)
 
 
+def _unique_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages of ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _explain_device(device: str) -> str:
+    return "cpu" if device == "cpu" else "cuda"
+
+
+def _try_step(model: Any, opt: Any, batch: int, seq: int, vocab: int, device: str) -> bool:
+    """Whether one training step at ``batch`` runs without out-of-memory (the cache emptied
+    first, so that each try starts from the same reserved memory)."""
+    import gc
+
+    import torch_arena
+
+    torch_arena.empty_cache()
+    try:
+        chunk = torch.randint(0, vocab, (batch, seq + 1), device=device)
+        lm_step(model, opt, chunk, vocab)
+        return True
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if "out of memory" not in str(exc):
+            raise
+        return False
+    finally:
+        opt.zero_grad(set_to_none=False)
+        gc.collect()
+
+
+@workload
+def explain_truth(device: str) -> dict[str, Any]:
+    """torch_arena.explain() on a real model against ground truths measured another way (issue
+    41, item 3), under TORCH_ARENA_CONF with explain:True. On a GPU; on the CPU with the
+    simulated device serving CPU tensors (cpu_tensors:True) the same program runs in CI.
+
+    - parameters, gradients, optimizer state: exact, from the model and optimizer;
+    - activations: what saved_tensors_hooks packs during the forward (less parameters) plus the
+      live outputs;
+    - an evaluation loop with grad enabled whose outputs are kept: held graphs, remedy no_grad;
+    - a batch too large under a memory limit: the smaller_batch estimate written at the
+      out-of-memory error against the largest batch that fits, found by trying (bisection)."""
+    import gc
+    import re
+
+    import torch_arena
+
+    on = _explain_device(device)
+    torch.manual_seed(0)
+    vocab, seq = 256, 128
+    model = TinyLM(vocab=vocab, seq=seq).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    torch_arena.track_modules()
+    chunk = torch.randint(0, vocab, (8, seq + 1), device=device)
+    lm_step(model, opt, chunk, vocab)  # gradients and Adam's state exist from here
+
+    packed: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(chunk[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
+        )
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = [t for t in packed if t.untyped_storage().data_ptr() not in params]
+    packed.clear()
+    truth = {
+        "parameters": _unique_bytes(list(model.parameters()) + list(model.buffers())),
+        "gradients": _unique_bytes(p.grad for p in model.parameters() if p.grad is not None),
+        "optimizer_state": _unique_bytes(
+            v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)
+        ),
+        "activations": _unique_bytes(saved + [logits, loss]),
+    }
+    del saved
+    report = torch_arena.explain(json=True, device=on)
+    del logits, loss
+
+    # An evaluation loop run with grad enabled, its outputs kept past a step boundary.
+    model.eval()
+    outputs = [model(chunk[:, :-1]) for _ in range(2)]
+    torch_arena.step()
+    held = torch_arena.explain(json=True, device=on)
+    del outputs
+    model.train()
+    gc.collect()
+
+    # Too large a batch under a limit: base (parameters, gradients, state) plus room for the
+    # activations of about four times the batch of 8.
+    torch_arena.empty_cache()
+    opt.zero_grad(set_to_none=True)
+    base = torch_arena.memory_allocated()
+    torch_arena.reset_peak_memory_stats()
+    _try_step(model, opt, 8, seq, vocab, device)
+    peak8 = torch_arena.max_memory_allocated()
+    limit = base + 4 * (peak8 - base)
+    total = torch_arena.pages()["limit_bytes"]
+    torch_arena.set_per_process_memory_fraction(limit / total)
+    too_big = 64
+    message = ""
+    try:
+        chunk = torch.randint(0, vocab, (too_big, seq + 1), device=device)
+        lm_step(model, opt, chunk, vocab)
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if "out of memory" not in str(exc):
+            raise
+        message = str(exc)
+    del chunk
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    found = re.search(r"the whole report is in (\S+\.explain\.json)", message)
+    oom_report = json.load(open(found[1])) if found else None
+    lo, hi = 1, too_big  # lo fits (checked below), hi does not
+    fits_1 = _try_step(model, opt, 1, seq, vocab, device)
+    while fits_1 and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _try_step(model, opt, mid, seq, vocab, device):
+            lo = mid
+        else:
+            hi = mid
+    torch_arena.set_per_process_memory_fraction(1.0)
+    torch_arena.track_modules(False)
+    return {
+        "device": device,
+        "truth": truth,
+        "report": report,
+        "held": held,
+        "limit_bytes": limit,
+        "oom_message": message[-3000:],
+        "oom_report": oom_report,
+        "largest_batch_that_fits": lo if fits_1 else 0,
+        "too_big": too_big,
+    }
+
+
+def explain_truth_failures(r: dict[str, Any]) -> list[str]:
+    """What explain_truth's result gets wrong against its ground truths (empty: nothing), the
+    explain issue's targets: parameters, gradients and optimizer state exact; activations within
+    10 %; held graphs of an evaluation loop remedied by no_grad; the smaller_batch estimate
+    within 25 % of the largest batch found by trying. Shared by the GPU and the CPU test."""
+    bad = []
+    got, truth = r["report"]["categories"], r["truth"]
+    for cat in ("parameters", "gradients", "optimizer_state"):
+        if got[cat] != truth[cat]:
+            bad.append(f"{cat}: explain {got[cat]}, truth {truth[cat]}")
+    if abs(got["activations"] - truth["activations"]) > 0.1 * truth["activations"]:
+        bad.append(f"activations: explain {got['activations']}, truth {truth['activations']}")
+    held = r["held"]
+    if not held["categories"]["held_graphs"]:
+        bad.append(f"no held graphs after an evaluation loop with grad: {held['categories']}")
+    if "no_grad" not in [m["id"] for m in held["remedies"]]:
+        bad.append(f"no no_grad remedy: {held['remedies']}")
+    oom = r["oom_report"]
+    if oom is None:
+        bad.append(f"no report named at the out-of-memory error: {r['oom_message']!r}")
+        return bad
+    remedies = {m["id"]: m for m in oom["remedies"]}
+    fits = r["largest_batch_that_fits"]
+    estimate = oom["oom"].get("batch_that_fits")
+    if "smaller_batch" not in remedies or estimate is None:
+        bad.append(f"no smaller_batch remedy at batch {r['too_big']}: {oom['remedies']}")
+    elif not fits or abs(estimate - fits) > 0.25 * fits:
+        bad.append(f"smaller_batch: estimated {estimate}, the largest that fits is {fits}")
+    return bad
+
+
 def main(argv: list[str]) -> int:
     name = argv[1]
     device = argv[argv.index("--device") + 1] if "--device" in argv else "cuda"
