@@ -34,7 +34,7 @@ with the bytes it would free.
 :func:`track_modules` on, activations and held graphs to the module whose forward built them.
 
 Not yet: the ``checkpointing``, ``smaller_batch`` and ``fragmentation`` remedies, reports at
-out-of-memory, diffs and ranks (the explain issue's other items).
+out-of-memory and diffs (the explain issue's other items). Across ranks: :mod:`torch_arena._ranks`.
 
 This module imports torch when its functions are called, never at import time.
 """
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stats
+from . import _ranks, stats
 from ._sizes import format_size
 
 CATEGORIES = (
@@ -442,6 +442,7 @@ def explain(
     modules: list[Any] | None = None,
     optimizers: list[Any] | None = None,
     device: str | None = None,
+    all_ranks: bool = False,
 ) -> Any:
     """Where the memory is, and what would free some: the categories of :func:`categorize` and
     the remedies their evidence supports. Text, or with ``json=True`` a dict::
@@ -452,7 +453,12 @@ def explain(
          "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
 
     ``cached_bytes`` and ``unusable_bytes`` are the allocator's, for a device torch-arena serves
-    (None otherwise, and for ``device="cpu"``).
+    (None otherwise, and for ``device="cpu"``). ``rank`` and ``world_size`` say which process of
+    a job wrote it (:func:`torch_arena._ranks.identity`).
+
+    ``all_ranks=True`` returns instead the table of every rank's categories and their imbalance
+    (:mod:`torch_arena._ranks`), gathered through ``torch.distributed``: a collective, which every
+    rank must call.
     """
     c = categorize(modules, optimizers, device)
     remedies = []
@@ -520,7 +526,10 @@ def explain(
         ],
         "remedies": remedies,
         "warnings": warnings,
+        **_ranks.identity(),
     }
+    if all_ranks:
+        return _ranks.across_ranks("explain", _ranks.explain_row(report), json)
     if json:
         return report
     return _render(report)
