@@ -77,7 +77,7 @@ fn help_lists_commands_options_and_exit_codes() {
         }
     }
     // Each command's options, with the explanation of each (--help, `help COMMAND`).
-    let per_command: [(&str, &[&str]); 5] = [
+    let per_command: [(&str, &[&str]); 6] = [
         (
             "replay",
             &[
@@ -129,6 +129,15 @@ fn help_lists_commands_options_and_exit_codes() {
             ],
         ),
         ("convert", &["[TRACE]", "-o, --output <FILE>"]),
+        (
+            "merge",
+            &[
+                "<FILE>...",
+                "--json",
+                "explain(json=True)",
+                "TORCH_ARENA_LEAK_REPORT",
+            ],
+        ),
     ];
     for (command, says) in per_command {
         for args in [&[command, "--help"][..], &["help", command]] {
