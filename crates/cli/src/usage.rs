@@ -142,5 +142,5 @@ leak_report(all_ranks=True) gather live under torchrun (docs/python.md, \"Across
 
 exit status:
   0   the table was written
-  1   a file that cannot be read, is not a per-rank report or has no rank; reports of both \
-kinds; a rank given twice; files of different world sizes (the message names the files)";
+  1   a file that cannot be read, is not a per-rank report or has no rank; reports of both
+      kinds; a rank given twice; files of different world sizes (the message names the files)";
