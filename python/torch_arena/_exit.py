@@ -1,8 +1,8 @@
 """The leak report at exit (``leaks:True``): printed to stderr, and written as JSON to
 ``TORCH_ARENA_LEAK_REPORT`` (``{rank}``/``{pid}`` expanded) when set, as ``{"rank",
 "world_size", "devices": [one leak_report(format="json") per device]}`` (``torch-arena merge``
-reads these files). The torch integration
-tells it which devices to report (:func:`set_devices`); it imports nothing that imports it."""
+reads these files). The torch integration tells it which devices to report
+(:func:`set_devices`); it imports nothing that imports it."""
 
 import atexit
 import json
