@@ -1,6 +1,8 @@
 """The leak report at exit (``leaks:True``): printed to stderr, and written as JSON to
-``TORCH_ARENA_LEAK_REPORT`` (``{rank}``/``{pid}`` expanded) when set. The torch integration
-tells it which devices to report (:func:`set_devices`); it imports nothing that imports it."""
+``TORCH_ARENA_LEAK_REPORT`` (``{rank}``/``{pid}`` expanded) when set, as ``{"rank",
+"world_size", "devices": [one leak_report(format="json") per device]}`` (``torch-arena merge``
+reads these files). The torch integration tells it which devices to report
+(:func:`set_devices`); it imports nothing that imports it."""
 
 import atexit
 import json
@@ -8,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import _capture, _native, _paths
+from . import _capture, _native, _paths, _ranks
 from .leaks import leak_report, render
 
 __all__ = ["install", "set_devices"]
@@ -49,7 +51,9 @@ def _report_at_exit() -> None:
         if path:
             _paths.write_whole(
                 _paths.expand(path),
-                lambda f: json.dump({"devices": reports}, f, indent=1, default=str),
+                lambda f: json.dump(
+                    {**_ranks.identity(), "devices": reports}, f, indent=1, default=str
+                ),
             )
     except Exception as exc:  # at exit: say it, never raise
         print(f"torch-arena: the leak report at exit failed: {exc}", file=sys.stderr)

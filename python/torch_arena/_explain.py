@@ -36,7 +36,7 @@ with the bytes it would free.
 With those hooks, ``checkpointing`` is given for a group of sibling modules of one type that
 saved most of the activations. At an out-of-memory error (``explain:True``), :func:`report_at_oom`
 adds ``smaller_batch`` and ``fragmentation``, which need the failed request (docs/python.md, "At
-out-of-memory").
+out-of-memory"). Across ranks: :mod:`torch_arena._ranks`.
 
 This module imports torch when its functions are called, never at import time.
 """
@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import stats
+from . import _ranks, stats
 from ._sizes import format_size
 
 CATEGORIES = (
@@ -684,6 +684,7 @@ def explain(
     modules: list[Any] | None = None,
     optimizers: list[Any] | None = None,
     device: str | None = None,
+    all_ranks: bool = False,
 ) -> Any:
     """Where the memory is, and what would free some: the categories of :func:`categorize` and
     the remedies their evidence supports. Text, or with ``json=True`` a dict::
@@ -694,12 +695,19 @@ def explain(
          "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
 
     ``cached_bytes`` and ``unusable_bytes`` are the allocator's, for a device torch-arena serves
-    (None otherwise, and for ``device="cpu"``). The ``smaller_batch`` and ``fragmentation``
-    remedies need the request that failed: they come in the report written at out-of-memory
-    (``explain:True``), which adds an ``"oom"`` object.
+    (None otherwise, and for ``device="cpu"``). ``rank`` and ``world_size`` say which process of
+    a job wrote it (:func:`torch_arena._ranks.identity`). The ``smaller_batch`` and
+    ``fragmentation`` remedies need the request that failed: they come in the report written at
+    out-of-memory (``explain:True``), which adds an ``"oom"`` object.
+
+    ``all_ranks=True`` returns instead the table of every rank's categories and their imbalance
+    (:mod:`torch_arena._ranks`), gathered through ``torch.distributed``: a collective, which every
+    rank must call.
     """
     c = categorize(modules, optimizers, device)
     report = _report(c, _allocator_figures(_serving_index(device)), None)
+    if all_ranks:
+        return _ranks.across_ranks("explain", _ranks.explain_row(report), json)
     return report if json else _render(report)
 
 
@@ -812,6 +820,7 @@ def _report(
         ],
         "remedies": remedies,
         "warnings": warnings,
+        **_ranks.identity(),
     }
     if oom_info is not None:
         report["oom"] = oom_info

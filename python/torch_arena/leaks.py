@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _capture, _explain, _native, _verdict
+from . import _capture, _explain, _native, _ranks, _verdict
 from ._frames import site_location, user_frame_index
 from ._render import render, render_live
 from ._sizes import format_size, parse_size
@@ -110,7 +110,11 @@ def _warmup_age(warmup: Any, age: Any) -> tuple[int, int]:
 
 
 def leak_report(
-    device: Any = None, format: str = "text", warmup: int | None = None, age: int | None = None
+    device: Any = None,
+    format: str = "text",
+    warmup: int | None = None,
+    age: int | None = None,
+    all_ranks: bool = False,
 ) -> Any:
     """The allocation sites of ``device`` (None: the current one) whose live memory keeps
     growing from step to step, after ``warmup`` steps (default: the ``leak_warmup`` setting,
@@ -122,11 +126,21 @@ def leak_report(
     and allocations per step, since which step, example sizes, tags, and who holds the memory
     (``losses[12]`` of ``local variable 'losses' of train() at train.py:40``).
     ``format="json"`` returns the library's JSON as a dict, each growing site with "holders"
-    added, and "warnings" (a list of strings, empty when the verdict can be trusted)."""
+    added, "warnings" (a list of strings, empty when the verdict can be trusted), and "rank"
+    and "world_size" (which process of a job wrote it).
+
+    ``all_ranks=True`` returns instead the table of every rank's leaked bytes (the live bytes of
+    its growing sites) and their imbalance, as text or (``format="json"``) a dict, gathered
+    through ``torch.distributed`` (:mod:`torch_arena._ranks`): a collective, which every rank
+    must call."""
     if format not in ("text", "json"):
         raise ValueError(f"format must be 'text' or 'json', not {format!r}")
     warmup, age = _warmup_age(warmup, age)
     report = _verdict.growth_report(_device_index(device), warmup, age)
+    report.update(_ranks.identity())
+    if all_ranks:
+        row = _ranks.leak_row(report["rank"], [report])
+        return _ranks.across_ranks("leaks", row, format == "json")
     return report if format == "json" else render(report)
 
 

@@ -19,6 +19,7 @@ LAYERS = {
     "stats": 1,
     "_capture": 1,
     "_render": 1,
+    "_ranks": 1,
     "_explain": 2,
     "_verdict": 2,
     "snapshots": 2,

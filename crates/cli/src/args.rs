@@ -15,7 +15,8 @@ use clap_complete::Shell;
 use crate::out::CliResult;
 use crate::usage::{
     ABOUT, DEFAULT_SEED, DEMO_LONG_ABOUT, EXIT_STATUS_HELP, FIT_AFTER_HELP, LIVE_TOP_TEXT,
-    REPLAY_AFTER_HELP, REPLAY_JSON_HELP, SYNTH_AFTER_HELP, TOP_AFTER_HELP, TRACE_FORMS_HELP,
+    MERGE_AFTER_HELP, REPLAY_AFTER_HELP, REPLAY_JSON_HELP, SYNTH_AFTER_HELP, TOP_AFTER_HELP,
+    TRACE_FORMS_HELP,
 };
 
 pub(crate) const SIZE_FORMS: &str = "a number and a unit: B, KiB, MiB, GiB, TiB (powers of 1024) or \
@@ -387,6 +388,10 @@ pub(crate) enum CliCommand {
     /// and explain the result
     #[command(long_about = DEMO_LONG_ABOUT, after_long_help = EXIT_STATUS_HELP)]
     Demo(DemoArgs),
+    /// the table of every rank's report and their imbalance, from the per-rank JSON files of
+    /// torch_arena.explain(json=True) or the leak report
+    #[command(after_long_help = MERGE_AFTER_HELP)]
+    Merge(MergeArgs),
     /// print a shell completion script for torch-arena (bash, zsh, fish, elvish, powershell),
     /// e.g. `torch-arena completions bash > ~/.local/share/bash-completion/completions/torch-arena`
     Completions {
@@ -597,6 +602,22 @@ pub(crate) struct SynthArgs {
     /// where to write it, in torch-arena's trace format (gzipped if FILE ends in .gz)
     #[arg(short, long, value_name = "FILE", allow_hyphen_values = true)]
     pub(crate) output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct MergeArgs {
+    /// the per-rank JSON files, all of one kind: explain reports (torch_arena.explain(json=True)
+    /// dumped) or leak reports (TORCH_ARENA_LEAK_REPORT's files, leak_report(format="json")
+    /// dumped); each carries its "rank" and "world_size"
+    #[arg(value_name = "FILE", required = true)]
+    pub(crate) files: Vec<PathBuf>,
+    /// the table as one JSON object, as explain(all_ranks=True, json=True) returns it
+    ///
+    /// Fields: kind (explain or leaks), world_size, columns, ranks (one object per rank: rank
+    /// and each column), missing_ranks, stats (per column: max, max_rank, min, min_rank, mean,
+    /// imbalance), imbalance (column, rank, ratio: the headline column's)
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args, Debug)]

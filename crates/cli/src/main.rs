@@ -11,6 +11,8 @@
 //! - `synth KIND -o FILE`: write a synthetic trace.
 //! - `demo`: replay the training-loop trace the project ships and explain the result;
 //!   `demo --model` runs the modelled training loop directly (how that trace is recorded).
+//! - `merge FILE...`: the table of every rank's report (the per-rank JSON files of
+//!   `torch_arena.explain` or the leak report) and their imbalance.
 //! - `completions SHELL`: a shell completion script (clap_complete).
 //!
 //! The arguments are parsed by clap (`args.rs`). Exit status: 0 when everything ran, 1 for bad
@@ -26,6 +28,7 @@ use clap::error::ErrorKind;
 use convert::convert_command;
 use demo::demo_command;
 use fit::fit_command;
+use merge::merge_command;
 use out::{CliResult, stdout_error};
 use replay::replay_command;
 use synth::synth_command;
@@ -39,6 +42,7 @@ mod demo;
 mod fit;
 mod fit_plot;
 mod json;
+mod merge;
 mod progress;
 mod replay;
 mod replay_json;
@@ -93,6 +97,7 @@ fn run(args: &[String]) -> CliResult<u8> {
         CliCommand::Synth(a) => synth_command(a),
         CliCommand::Convert(a) => convert_command(a),
         CliCommand::Demo(a) => demo_command(a),
+        CliCommand::Merge(a) => merge_command(a),
         CliCommand::Completions { shell } => {
             std::io::stdout()
                 .lock()
@@ -114,7 +119,7 @@ fn clap_error(e: clap::Error) -> CliResult<u8> {
         kind => {
             let mut msg = text.trim_end().trim_start_matches("error: ").to_string();
             if kind == ErrorKind::InvalidSubcommand {
-                msg += "\n\ncommands: replay, fit, synth, convert, demo, completions, help";
+                msg += "\n\ncommands: replay, fit, synth, convert, demo, merge, completions, help";
             }
             Err(msg)
         }

@@ -131,3 +131,16 @@ pub(crate) const OVERVIEW_AFTER: usize = 6;
 pub(crate) const DEFAULT_SEED: u64 = 1;
 /// Passes over the demo trace unless `--repeat` says otherwise.
 pub(crate) const DEMO_REPEAT: u32 = 3;
+
+/// After `torch-arena merge --help`'s options.
+pub(crate) const MERGE_AFTER_HELP: &str = "\
+The table: a row per rank (each category's bytes and the total for explain reports; the live \
+bytes of the growing allocation sites and how many sites grow for leak reports), then per column \
+the largest, least and mean value over the ranks and the largest over the mean (the imbalance), \
+and which rank holds the most. The same table as torch_arena.explain(all_ranks=True) and \
+leak_report(all_ranks=True) gather live under torchrun (docs/python.md, \"Across ranks\").
+
+exit status:
+  0   the table was written
+  1   a file that cannot be read, is not a per-rank report or has no rank; reports of both
+      kinds; a rank given twice; files of different world sizes (the message names the files)";

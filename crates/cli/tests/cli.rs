@@ -77,7 +77,7 @@ fn help_lists_commands_options_and_exit_codes() {
         }
     }
     // Each command's options, with the explanation of each (--help, `help COMMAND`).
-    let per_command: [(&str, &[&str]); 5] = [
+    let per_command: [(&str, &[&str]); 6] = [
         (
             "replay",
             &[
@@ -129,6 +129,15 @@ fn help_lists_commands_options_and_exit_codes() {
             ],
         ),
         ("convert", &["[TRACE]", "-o, --output <FILE>"]),
+        (
+            "merge",
+            &[
+                "<FILE>...",
+                "--json",
+                "explain(json=True)",
+                "TORCH_ARENA_LEAK_REPORT",
+            ],
+        ),
     ];
     for (command, says) in per_command {
         for args in [&[command, "--help"][..], &["help", command]] {
@@ -1693,4 +1702,68 @@ fn the_cli_replays_an_absurd_one_line_trace_as_an_oom() {
         "{text}"
     );
     assert!(!text.contains("panicked"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// merge (the files of a real two-rank run: tests/python/test_ranks.py)
+
+/// An explain report of `rank` of two with `params` bytes of parameters.
+fn explain_file(dir: &std::path::Path, name: &str, rank: u64, params: u64) -> String {
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            r#"{{"rank": {rank}, "world_size": 2, "categories": {{"parameters": {params},
+            "gradients": 0, "optimizer_state": 0, "activations": 0, "held_graphs": 0,
+            "other": 0}}, "remedies": [], "warnings": []}}"#
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn merge_tables_the_ranks_and_their_imbalance() {
+    let dir = scratch("merge");
+    let a = explain_file(&dir, "a.json", 0, 1 << 20);
+    let b = explain_file(&dir, "b.json", 1, 3 << 20);
+    let o = torch_arena(&["merge", &b, &a]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("2 of 2 rank(s)"), "{out}");
+    assert!(
+        out.contains(
+            "imbalance: rank 1 has the most total, 3.00 MiB: 1.50x the mean of 2.00 MiB \
+             (least: rank 0, 1.00 MiB)"
+        ),
+        "{out}"
+    );
+    let o = torch_arena(&["merge", "--json", &a, &b]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = stdout(&o);
+    assert!(
+        line.starts_with(r#"{"kind": "explain", "world_size": 2, "#),
+        "{line}"
+    );
+    assert!(
+        line.contains(r#""imbalance": {"column": "total", "rank": 1, "ratio": 1.5}"#),
+        "{line}"
+    );
+}
+
+#[test]
+fn merge_names_what_is_wrong_with_its_files() {
+    let dir = scratch("merge-bad");
+    let a = explain_file(&dir, "a.json", 0, 1);
+    let o = torch_arena(&["merge", &a, &a]);
+    assert_usage_error(&o, &["merge: rank 0 appears twice", "a.json"]);
+    let other = dir.join("other.json");
+    std::fs::write(&other, r#"{"step": 3}"#).unwrap();
+    let o = torch_arena(&["merge", &a, other.to_str().unwrap()]);
+    assert_usage_error(
+        &o,
+        &["other.json: neither an explain report", "leak report"],
+    );
+    let o = torch_arena(&["merge"]);
+    assert_usage_error(&o, &["required", "<FILE>"]);
 }
