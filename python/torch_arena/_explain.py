@@ -362,8 +362,12 @@ def categorize(
 ) -> Categories:
     """Every live tensor's storage, by category (see the module's text). ``modules`` and
     ``optimizers`` default to every ``torch.nn.Module`` and ``torch.optim.Optimizer`` alive;
-    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) keeps only storages there (default: all)."""
+    ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) keeps only storages there (default: all).
+    A garbage collection runs first: tensors that only unreachable reference cycles hold are
+    freed, not reported (the figures would otherwise change with when the collector last ran)."""
     import torch
+
+    gc.collect()
 
     # By type(o), not isinstance: isinstance reads __class__, which some module-level proxies
     # (torch.distributed.reduce_op) answer with a deprecation warning.
