@@ -625,7 +625,8 @@ pub(crate) struct DiffArgs {
     ///
     /// Steps are numbered from 0 as the trace marks their ends: a PyTorch snapshot by the
     /// ProfilerStep or Optimizer.step ranges in its external_annotations, a synth:KIND workload by
-    /// its own steps. A torch-arena trace (format version 1) and an RMM log mark none: the
+    /// its own steps; step 0 runs from the first recorded event, and events after the last end
+    /// are in no step. A torch-arena trace (format version 1) and an RMM log mark none: the
     /// command says so
     #[arg(long, num_args = 2, value_names = ["I", "J"], value_parser = parse_whole, allow_hyphen_values = true)]
     pub(crate) steps: Vec<u64>,
