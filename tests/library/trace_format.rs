@@ -50,6 +50,7 @@ fn sample() -> Trace {
             peak: 24 << 20,
             ..Default::default()
         }),
+        steps: None,
     }
 }
 

@@ -424,6 +424,81 @@ fn ordered_dict_snapshot_loads_with_seeds_kind_and_native_reserved() {
     assert_eq!(t.native.as_ref().unwrap().peak, 40 << 20);
 }
 
+/// Steps from `external_annotations`: the end of each `Optimizer.step` range on the trace's
+/// device, placed by time among the events (after the seeds); one before the first event is
+/// counted apart; `ProfilerStep` ranges win where there are any. A block live at dump that the
+/// window never allocated is seeded with the site of its own frames.
+#[test]
+fn snapshot_steps_come_from_its_annotations() {
+    let code = |extra: &str| {
+        format!(
+            "f = lambda file, line, name: [dict(filename=file, line=line, name=name)]\n\
+             e = lambda a, addr, s, t: dict(action=a, addr=addr, size=s, stream=0, time_us=t, \
+                 frames=f('train.py', 40, 'step'))\n\
+             ann = lambda stage, name, t, d=0: dict(stage=stage, name=name, device=d, time_us=t)\n\
+             obj = dict(\n\
+               segments=[dict(device=0, address=4096, total_size=1 << 20, stream=0, blocks=[\n\
+                 dict(address=4096, size=512, requested_size=500, state='active_allocated', \
+                      frames=f('model.py', 7, '__init__'))])],\n\
+               device_traces=[[e('alloc', 16, 100, 1000), e('alloc', 32, 200, 1010), \
+                 e('free_completed', 32, 200, 1020), e('alloc', 48, 300, 1030), \
+                 e('free_completed', 16, 100, 1040)]],\n\
+               external_annotations=[ann('START', 'Optimizer.step#AdamW.step', 900), \
+                 ann('END', 'Optimizer.step#AdamW.step', 950), \
+                 ann('START', 'Optimizer.zero_grad#AdamW.zero_grad', 1011), \
+                 ann('END', 'Optimizer.zero_grad#AdamW.zero_grad', 1012), \
+                 ann('START', 'Optimizer.step#AdamW.step', 1021), \
+                 ann('END', 'Optimizer.step#AdamW.step', 1025), \
+                 ann('END', 'Optimizer.step#AdamW.step', 1035, 1){extra}])"
+        )
+    };
+    let load = |extra: &str| {
+        let bytes = python_pickle(&code(extra), 4);
+        let p = pickle::loads("steps.pickle", &bytes).unwrap();
+        torch_snapshot::from_value("steps.pickle", &p.root()).unwrap()
+    };
+    let t = load("");
+    assert_eq!(t.seeded, 1);
+    assert_eq!(t.sites[t.events[0].site as usize], "model.py:7 in __init__");
+    assert_eq!(t.sites[t.events[1].site as usize], "train.py:40 in step");
+    let s = t.steps.as_ref().expect("steps");
+    // 1025 µs: after the events at 1000, 1010, 1020 (and the seed): step 0 is events 0..4.
+    assert_eq!(s.ends, vec![4]);
+    assert_eq!(s.before_window, 1);
+    assert!(s.marker.contains("Optimizer.step"), "{}", s.marker);
+    let t = load(", ann('START', 'ProfilerStep#3', 1001), ann('END', 'ProfilerStep#3', 1015)");
+    let s = t.steps.as_ref().unwrap();
+    assert_eq!((s.ends.clone(), s.before_window), (vec![3], 0));
+    assert!(s.marker.contains("ProfilerStep"), "{}", s.marker);
+    // No annotation of a step: no steps.
+    let bytes = python_pickle(
+        "obj = dict(segments=[], device_traces=[[dict(action='alloc', addr=16, size=1, \
+         stream=0, time_us=5)]], external_annotations=[dict(stage='END', name='forward', \
+         device=0, time_us=9)])",
+        4,
+    );
+    let p = pickle::loads("none.pickle", &bytes).unwrap();
+    let t = torch_snapshot::from_value("none.pickle", &p.root()).unwrap();
+    assert_eq!(t.steps, None);
+}
+
+/// A real training snapshot marks its optimizer steps; its ring buffer kept only the last one's
+/// end (the 9 before it ended before its first recorded event).
+#[test]
+fn a_real_training_snapshot_marks_its_steps() {
+    let f = traces_dir().join(
+        "cherryni2022__cs336-assignment2-system__6effd3e__memory_nvtx_large_128_backward.pickle.gz",
+    );
+    let t = trace::load(&f).unwrap();
+    let s = t.steps.as_ref().expect("steps");
+    assert_eq!((s.ends.len(), s.before_window), (1, 9), "{s:?}");
+    assert!(s.ends[0] > t.seeded && s.ends[0] < t.events.len());
+    let f = traces_dir()
+        .join("Wuyh11__assignment2-systems__52a0171__memory_medium_training_ctx128_amp0.pickle.gz");
+    let t = trace::load(&f).unwrap();
+    assert!(t.steps.is_some());
+}
+
 #[test]
 fn malformed_snapshot_names_the_key_path() {
     // device_traces[1][2] has no 'size'.

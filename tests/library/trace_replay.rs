@@ -56,6 +56,7 @@ pub(crate) fn trace(steps: &[S]) -> Trace {
         events,
         sites: vec!["unknown".into(), "a.py:1 in f".into(), "b.py:2 in g".into()],
         native: None,
+        steps: None,
     }
 }
 

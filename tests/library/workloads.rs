@@ -60,6 +60,24 @@ fn every_workload_is_deterministic_well_formed_and_replays() {
     assert!(build("no-such-kind", 1, 1).is_none());
 }
 
+/// Each workload marks its steps (for `torch-arena diff --steps`): STEPS ends, in order, the last
+/// before the teardown that frees the model.
+#[test]
+fn every_workload_marks_its_steps() {
+    for kind in KINDS {
+        let t = build(kind, 3, 1).unwrap();
+        let s = t.steps.as_ref().expect("steps");
+        assert_eq!(s.ends.len(), 3, "{kind}");
+        assert!(
+            s.ends.windows(2).all(|w| w[0] < w[1]),
+            "{kind}: {:?}",
+            s.ends
+        );
+        assert!(*s.ends.last().unwrap() < t.events.len(), "{kind}");
+        assert_eq!(s.before_window, 0);
+    }
+}
+
 /// Training steps differ in their token counts, so their peaks differ.
 #[test]
 fn varlen_training_steps_peak_differently() {

@@ -9,15 +9,16 @@ use torch_arena_lab::Trace;
 use torch_arena_lab::native::NativeOptions;
 use torch_arena_lab::synth as lib_synth;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 
 use crate::out::CliResult;
 use crate::usage::{
-    ABOUT, DEFAULT_SEED, DEMO_LONG_ABOUT, EXIT_STATUS_HELP, FIT_AFTER_HELP, LIVE_TOP_TEXT,
-    MERGE_AFTER_HELP, REPLAY_AFTER_HELP, REPLAY_JSON_HELP, SYNTH_AFTER_HELP, TOP_AFTER_HELP,
-    TRACE_FORMS_HELP,
+    ABOUT, DEFAULT_SEED, DEMO_LONG_ABOUT, DIFF_AFTER_HELP, DIFF_JSON_HELP, DIFF_LONG_ABOUT,
+    DIFF_PLOT_HELP, EXIT_STATUS_HELP, FIT_AFTER_HELP, LIVE_TOP_TEXT, MERGE_AFTER_HELP,
+    REPLAY_AFTER_HELP, REPLAY_JSON_HELP, SYNTH_AFTER_HELP, TOP_AFTER_HELP, TRACE_FORMS_HELP,
 };
+use torch_arena_lab::diff::{By, Moment};
 
 pub(crate) const SIZE_FORMS: &str = "a number and a unit: B, KiB, MiB, GiB, TiB (powers of 1024) or \
 KB, MB, GB, TB (powers of 1000), e.g. 80GiB, 512MiB, 1.5GB";
@@ -377,6 +378,10 @@ pub(crate) enum CliCommand {
     /// PyTorch's native allocator under each of its settings, and what the last step costs there
     #[command(after_long_help = FIT_AFTER_HELP)]
     Fit(FitArgs),
+    /// what grew and shrank between two traces (two runs, two snapshots) or two steps of one: by
+    /// allocation site or file, with the totals, as text, JSON or a plot of both runs
+    #[command(long_about = DIFF_LONG_ABOUT, after_long_help = DIFF_AFTER_HELP)]
+    Diff(DiffArgs),
     /// write a synthetic trace in torch-arena's trace format
     #[command(after_long_help = SYNTH_AFTER_HELP)]
     Synth(SynthArgs),
@@ -579,6 +584,81 @@ pub(crate) struct FitArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) progress: ProgressArgs,
+}
+
+/// `diff --by`: how rows are grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ByArg {
+    /// the allocation site (train.py:40 in step)
+    Site,
+    /// the site's source file (train.py)
+    File,
+    /// what the memory is (parameters, gradients, ...): no trace records it, so refused with why
+    Category,
+    /// the nn.Module that allocated it: no trace records it, so refused with why
+    Module,
+}
+
+impl ByArg {
+    pub(crate) fn by(self) -> By {
+        match self {
+            ByArg::Site => By::Site,
+            ByArg::File => By::File,
+            ByArg::Category => By::Category,
+            ByArg::Module => By::Module,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DiffArgs {
+    /// A and B: two traces (files or synthetic specs, TRACE forms below), or one trace with
+    /// --steps or two --at
+    #[arg(value_name = "TRACE", value_parser = TraceArg::from_arg)]
+    pub(crate) traces: Vec<TraceArg>,
+    /// when each live set is taken: peak (default), start, end or event:N; once for both sides,
+    /// or twice (A's, then B's)
+    ///
+    /// peak: after the event at which requested bytes were highest; start: the live set the
+    /// recording began with (after its seeded events); end: after the last event; event:N: just
+    /// before event N (counted from the first event, seeded ones included). With --steps each is
+    /// taken within the step: its peak, its start, its end, N events into it
+    #[arg(long = "at", value_name = "MOMENT", value_parser = parse_moment, allow_hyphen_values = true)]
+    pub(crate) at: Vec<Moment>,
+    /// compare step I with step J: of the one trace, or step I of A with step J of B
+    ///
+    /// Steps are numbered from 0 as the trace marks their ends: a PyTorch snapshot by the
+    /// ProfilerStep or Optimizer.step ranges in its external_annotations, a synth:KIND workload by
+    /// its own steps; step 0 runs from the first recorded event, and events after the last end
+    /// are in no step. A torch-arena trace (format version 1) and an RMM log mark none: the
+    /// command says so
+    #[arg(long, num_args = 2, value_names = ["I", "J"], value_parser = parse_whole, allow_hyphen_values = true)]
+    pub(crate) steps: Vec<u64>,
+    /// group rows by site (default), file, category or module
+    #[arg(long, value_enum, value_name = "GROUP")]
+    pub(crate) by: Option<ByArg>,
+    /// rows shown of what grew and of what shrank (default 10)
+    #[arg(long, value_name = "N", value_parser = parse_top, allow_hyphen_values = true)]
+    pub(crate) top: Option<usize>,
+    /// print one JSON object instead of the tables
+    #[arg(long, long_help = DIFF_JSON_HELP)]
+    pub(crate) json: bool,
+    /// draw both runs' requested bytes on one axis into FILE (.svg or .png)
+    #[arg(long, value_name = "FILE", allow_hyphen_values = true, long_help = DIFF_PLOT_HELP)]
+    pub(crate) plot: Option<String>,
+}
+
+/// `diff --at MOMENT`.
+pub(crate) fn parse_moment(text: &str) -> CliResult<Moment> {
+    Moment::parse(text)
+}
+
+/// `diff --top N`: at least one row (at most 2^20 shown).
+pub(crate) fn parse_top(text: &str) -> CliResult<usize> {
+    match parse_whole(text)? {
+        0 => Err("show at least 1 row".into()),
+        n => Ok(n.min(1 << 20) as usize),
+    }
 }
 
 #[derive(Args, Debug)]

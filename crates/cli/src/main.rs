@@ -8,6 +8,8 @@
 //! - `fit TRACE...`: the smallest simulated device on which each trace runs with no
 //!   out-of-memory, for the arena (each `--conf`) and the native allocator (each
 //!   `--native-conf`), and the last step's cost there.
+//! - `diff A [B]`: what grew and shrank between two traces, or two steps or moments of one, by
+//!   site or file (text, `--json`, `--plot`).
 //! - `synth KIND -o FILE`: write a synthetic trace.
 //! - `demo`: replay the training-loop trace the project ships and explain the result;
 //!   `demo --model` runs the modelled training loop directly (how that trace is recorded).
@@ -27,6 +29,7 @@ use clap::CommandFactory as _;
 use clap::error::ErrorKind;
 use convert::convert_command;
 use demo::demo_command;
+use diff::diff_command;
 use fit::fit_command;
 use merge::merge_command;
 use out::{CliResult, stdout_error};
@@ -39,6 +42,7 @@ mod out;
 mod args;
 mod convert;
 mod demo;
+mod diff;
 mod fit;
 mod fit_plot;
 mod json;
@@ -94,6 +98,7 @@ fn run(args: &[String]) -> CliResult<u8> {
     match cli.command {
         CliCommand::Replay(a) => replay_command(a),
         CliCommand::Fit(a) => fit_command(a),
+        CliCommand::Diff(a) => diff_command(a),
         CliCommand::Synth(a) => synth_command(a),
         CliCommand::Convert(a) => convert_command(a),
         CliCommand::Demo(a) => demo_command(a),
@@ -119,7 +124,7 @@ fn clap_error(e: clap::Error) -> CliResult<u8> {
         kind => {
             let mut msg = text.trim_end().trim_start_matches("error: ").to_string();
             if kind == ErrorKind::InvalidSubcommand {
-                msg += "\n\ncommands: replay, fit, synth, convert, demo, merge, completions, help";
+                msg += "\n\ncommands: replay, fit, synth, convert, demo, merge, diff, completions, help";
             }
             Err(msg)
         }

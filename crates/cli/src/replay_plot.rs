@@ -9,7 +9,7 @@ use torch_arena_lab::replay::Point;
 
 use crate::out::CliResult;
 
-use torch_arena_lab::plot::{Line, Mark, OverviewRow, Panel, Style, TimeLine};
+use torch_arena_lab::plot::{Line, Mark, OverviewRow, Panel, Style, TimeLine, XAxis};
 
 use crate::replay_run::{ReplaySettings, TraceOutcome, conf_name};
 use crate::text::{fmt_bytes, fmt_count, fmt_secs, source_name};
@@ -142,6 +142,7 @@ pub(crate) fn panel(s: &ReplaySettings, o: &TraceOutcome) -> Panel {
         seeded: i.seeded as u64,
         marks,
         times,
+        x_axis: XAxis::Events,
     }
 }
 

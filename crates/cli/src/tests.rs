@@ -561,3 +561,90 @@ fn demo_reading_leads_with_the_smallest_gpu_then_compares_caches() {
     let Ok(r) = &o.runs[0].outcome else { panic!() };
     assert!(demo_reading(&s, &o, r, &fits).contains("ran out of memory at event 7"));
 }
+
+/// `diff`'s arguments as clap reads them, and the two sides `plan` makes of them.
+fn diff_args(args: &[&str]) -> Result<crate::args::DiffArgs, String> {
+    let args: Vec<String> = std::iter::once("diff")
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect();
+    match parse_args(&args) {
+        Ok(Cli {
+            command: CliCommand::Diff(a),
+        }) => Ok(a),
+        Ok(_) => panic!("not diff"),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn diff_plans_two_sides_from_the_arguments() {
+    use crate::diff::{SideSpec, plan};
+    use torch_arena_lab::diff::Moment;
+    let side = |trace, step, moment| SideSpec {
+        trace,
+        step,
+        moment,
+    };
+    // Two traces at their peaks; one --at for both; two --at, one each.
+    let a = diff_args(&["a.pickle", "b.pickle"]).unwrap();
+    assert_eq!(
+        plan(&a),
+        Ok([side(0, None, Moment::Peak), side(1, None, Moment::Peak)])
+    );
+    let a = diff_args(&["a.pickle", "b.pickle", "--at", "end"]).unwrap();
+    assert_eq!(
+        plan(&a),
+        Ok([side(0, None, Moment::End), side(1, None, Moment::End)])
+    );
+    let a = diff_args(&["a.pickle", "--at", "event:1_000", "--at=start"]).unwrap();
+    assert_eq!(
+        plan(&a),
+        Ok([
+            side(0, None, Moment::Event(1000)),
+            side(0, None, Moment::Start)
+        ])
+    );
+    // Steps of one trace, or step I of A with step J of B.
+    let a = diff_args(&["run.pickle", "--steps", "1", "5"]).unwrap();
+    assert_eq!(
+        plan(&a),
+        Ok([
+            side(0, Some(1), Moment::Peak),
+            side(0, Some(5), Moment::Peak)
+        ])
+    );
+    let a = diff_args(&["a.pickle", "b.pickle", "--steps", "2", "2", "--at", "end"]).unwrap();
+    assert_eq!(
+        plan(&a),
+        Ok([side(0, Some(2), Moment::End), side(1, Some(2), Moment::End)])
+    );
+    // What cannot be planned.
+    let a = diff_args(&["run.pickle", "--at", "end"]).unwrap();
+    assert!(plan(&a).unwrap_err().contains("one trace"));
+    let a = diff_args(&["run.pickle", "--steps", "1", "2", "--steps", "3", "4"]).unwrap();
+    assert!(
+        plan(&a)
+            .unwrap_err()
+            .contains("--steps takes two step numbers")
+    );
+    let e = diff_args(&["run.pickle", "--steps", "1"]).unwrap_err();
+    assert!(e.contains("--steps <I> <J>"), "{e}");
+    let e = diff_args(&["run.pickle", "--steps", "1", "x"]).unwrap_err();
+    assert!(e.contains("'x' is not a whole number"), "{e}");
+    let e = diff_args(&["a", "b", "--by", "tag"]).unwrap_err();
+    assert!(e.contains("site, file, category, module"), "{e}");
+}
+
+#[test]
+fn signed_bytes_and_counts_for_people() {
+    use crate::diff::{fmt_signed_bytes, fmt_signed_count};
+    assert_eq!(fmt_signed_bytes(3 << 29), "+1.50 GiB");
+    assert_eq!(fmt_signed_bytes(-512), "-512 B");
+    assert_eq!(fmt_signed_bytes(0), "0 B");
+    // i64::MIN has no positive twin: its magnitude still prints.
+    assert_eq!(fmt_signed_bytes(i64::MIN), "-8192.00 PiB");
+    assert_eq!(fmt_signed_count(1234), "+1,234");
+    assert_eq!(fmt_signed_count(-3), "-3");
+    assert_eq!(fmt_signed_count(0), "0");
+}

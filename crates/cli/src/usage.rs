@@ -84,6 +84,66 @@ capacity reported is one that ran, so `replay --capacity` there fits.\n\n",
     "\n\n",
     exit_status!()
 );
+pub(crate) const DIFF_LONG_ABOUT: &str = "What grew and shrank between two moments: of two \
+traces A and B (two runs, two snapshots, PyTorch's or torch-arena's), or of one trace (two of its \
+steps with --steps I J, or two moments with --at given twice). Each side is the set of \
+allocations live at its moment (requested bytes, seeded ones included), grouped by allocation \
+site (the frame text replay --live shows) or by the site's file, and matched by that text. \
+Prints the live bytes and allocations of A and B and the change, the peak requested over each \
+run (or step), then the groups that grew (most added bytes first) and that shrank (most \
+removed first).";
+
+pub(crate) const DIFF_AFTER_HELP: &str = concat!(
+    "examples:
+  torch-arena diff before.pickle after.pickle               at each run's peak, by site
+  torch-arena diff a.pickle.gz b.pickle.gz --at end --by file --top 20
+  torch-arena diff run.pickle --steps 1 5 --plot steps.svg  step 5 against step 1 of one run
+  torch-arena diff run.trace --at event:10000 --at end      two moments of one run
+  torch-arena diff synth:varlen-train:4 --steps 0 3 --json
+
+Steps: a PyTorch snapshot marks them with the record_function ranges PyTorch keeps in its \
+external_annotations while memory history is on (the end of each ProfilerStep#N, else of each \
+Optimizer.step: every optimizer.step() ends a step, as torch-arena counts them); steps whose \
+end fell before the first recorded event (a ring buffer that wrapped) are not numbered. \
+torch-arena's trace format (version 1) and RMM logs record no step boundaries: --steps says \
+so; use --at event:N on both sides instead.
+
+Groups: --by site and --by file come from each allocation's frames. Neither a PyTorch snapshot \
+nor a torch-arena trace records what an allocation holds (parameter, gradient, activation) or \
+which nn.Module made it: --by category and --by module say so and stop (torch_arena.explain() \
+finds both in a running process).
+
+",
+    trace_forms!(),
+    "
+
+exit status:
+  0   the diff was printed
+  1   bad usage, a trace that cannot be read, a step or event out of range, a grouping the
+      traces do not record, or a file or stdout that cannot be written"
+);
+
+/// `diff --json`: the object's fields.
+pub(crate) const DIFF_JSON_HELP: &str = "print one JSON object instead of the tables
+
+Fields: by (site or file), a and b (each: trace, path, source, kind, events, seeded_events, \
+step (null for the whole run), span_events ([from, to]: the events the moment was taken among), \
+moment (peak, start, end or event:N), events_applied, live_bytes, live_count, \
+peak_requested_bytes (over the run or the step), groups), delta_live_bytes, delta_live_count, \
+delta_peak_requested_bytes (B - A), grew_groups, shrank_groups, unchanged_groups, grew and \
+shrank (the --top rows of each: key, a_bytes, b_bytes, delta_bytes, a_count, b_count, \
+delta_count), grew_not_shown, shrank_not_shown, and unavailable (category and module: why the \
+traces cannot be grouped so)";
+
+/// `diff --plot`: what is drawn, and why x is a share of each run.
+pub(crate) const DIFF_PLOT_HELP: &str = "draw both runs' requested bytes on one axis into FILE \
+(.svg or .png)
+
+y: requested bytes live; x: the share of each run's events, 0 to 100 % (with --steps, of each \
+step's events), so that runs of different lengths line up start to start and end to end. Events, \
+not time: every trace form orders its events, but not all have a clock, and time stretches with \
+host stalls that are not memory. A vertical line marks each side's moment";
+
 pub(crate) const SYNTH_AFTER_HELP: &str = "\
   synth adversarial [--capacity SIZE] -o FILE        (default capacity 80GiB)
   synth rmm-random --n N --max SIZE [--seed S] -o FILE

@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 
 #[path = "../../../tests/common/json.rs"]
 mod json;
+#[path = "../../../tests/common/python_pickle.rs"]
+mod python_pickle;
 
 fn torch_arena(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_torch-arena"))
@@ -61,6 +63,7 @@ fn help_lists_commands_options_and_exit_codes() {
             "Usage: torch-arena <COMMAND>",
             "replay ",
             "fit ",
+            "diff ",
             "synth ",
             "convert ",
             "demo ",
@@ -77,7 +80,7 @@ fn help_lists_commands_options_and_exit_codes() {
         }
     }
     // Each command's options, with the explanation of each (--help, `help COMMAND`).
-    let per_command: [(&str, &[&str]); 6] = [
+    let per_command: [(&str, &[&str]); 7] = [
         (
             "replay",
             &[
@@ -138,6 +141,24 @@ fn help_lists_commands_options_and_exit_codes() {
                 "TORCH_ARENA_LEAK_REPORT",
             ],
         ),
+        (
+            "diff",
+            &[
+                "Usage: torch-arena diff [OPTIONS] [TRACE]...",
+                "--at <MOMENT>",
+                "--steps <I> <J>",
+                "--by <GROUP>",
+                "--top <N>",
+                "--json",
+                "delta_live_bytes",
+                "--plot <FILE>",
+                "share of each run's events",
+                "Optimizer.step",
+                "ProfilerStep#N",
+                "explain()",
+                "synth:rmm-random:N:MAX[:SEED]",
+            ],
+        ),
     ];
     for (command, says) in per_command {
         for args in [&[command, "--help"][..], &["help", command]] {
@@ -160,6 +181,7 @@ fn completions_name_the_commands_and_options() {
     for s in [
         "replay",
         "fit",
+        "diff",
         "synth",
         "convert",
         "demo",
@@ -195,7 +217,7 @@ fn unknown_command() {
         &[
             "unrecognized subcommand 'replya'",
             "a similar subcommand exists: 'replay'",
-            "replay, fit, synth, convert, demo",
+            "replay, fit, diff, synth, convert, demo",
         ],
     );
 }
@@ -1766,4 +1788,449 @@ fn merge_names_what_is_wrong_with_its_files() {
     );
     let o = torch_arena(&["merge"]);
     assert_usage_error(&o, &["required", "<FILE>"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff
+
+/// Two hand-built runs in torch-arena's trace format, each a file in `dir`. At the end, A holds
+/// 2 x 1000 B at train.py:10 and 300 B at model.py:5 (its peak, 7,300 B, also held 5,000 B at
+/// cache.py:7); B holds 3 x 1000 B at train.py:10, 4,096 B at cache.py:7 and 512 B from no site
+/// (its peak is its end, 7,608 B).
+fn diff_pair(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let head = "torch-arena-trace 1\nsite 1 train.py:10 in forward\nsite 2 model.py:5 in step\n\
+                site 3 cache.py:7 in get\n";
+    let a = dir.join("a.trace");
+    std::fs::write(
+        &a,
+        format!(
+            "{head}a 0x1000 1000 0 0 1 1\na 0x2000 1000 0 0 2 1\na 0x3000 300 0 0 3 2\n\
+             a 0x4000 5000 0 0 4 3\nf 0x4000 5000 0 0 5\n"
+        ),
+    )
+    .unwrap();
+    let b = dir.join("b.trace");
+    std::fs::write(
+        &b,
+        format!(
+            "{head}a 0x1000 1000 0 0 1 1\na 0x2000 1000 0 0 2 1\na 0x5000 1000 0 0 3 1\n\
+             a 0x6000 4096 0 0 4 3\na 0x7000 512 0 0 5 0\n"
+        ),
+    )
+    .unwrap();
+    (a, b)
+}
+
+/// A JSON number that may be negative.
+fn int(j: &json::Json) -> i64 {
+    match j {
+        json::Json::Num(n) => n.parse().unwrap_or_else(|_| panic!("not an integer: {n}")),
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+/// The rows of a JSON list of diff rows: (key, a_bytes, b_bytes, delta_bytes, a_count, b_count,
+/// delta_count).
+fn diff_rows(list: &json::Json) -> Vec<(String, i64, i64, i64, i64, i64, i64)> {
+    list.arr()
+        .iter()
+        .map(|r| {
+            (
+                r.get("key").str().to_string(),
+                int(r.get("a_bytes")),
+                int(r.get("b_bytes")),
+                int(r.get("delta_bytes")),
+                int(r.get("a_count")),
+                int(r.get("b_count")),
+                int(r.get("delta_count")),
+            )
+        })
+        .collect()
+}
+
+fn row(key: &str, v: [i64; 6]) -> (String, i64, i64, i64, i64, i64, i64) {
+    (key.to_string(), v[0], v[1], v[2], v[3], v[4], v[5])
+}
+
+#[test]
+fn diff_of_two_runs_names_what_grew_and_shrank_by_how_much() {
+    let dir = scratch("diff-pair");
+    let (a, b) = diff_pair(&dir);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+
+    // At the end of each run, as JSON: every figure exact.
+    let o = torch_arena(&["diff", a, b, "--at", "end", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let v = json::parse(out.trim()).unwrap();
+    assert_eq!(v.get("by").str(), "site");
+    for (side, path, live, count, peak) in [("a", a, 2300, 3, 7300), ("b", b, 7608, 5, 7608)] {
+        let s = v.get(side);
+        assert_eq!(s.get("path").str(), path);
+        assert_eq!(s.get("source").str(), "arena-v1");
+        assert_eq!(s.get("moment").str(), "end");
+        assert_eq!(s.get("events").u64(), 5);
+        assert_eq!(s.get("events_applied").u64(), 5);
+        assert_eq!(s.get("step"), &json::Json::Null);
+        assert_eq!(
+            (s.get("live_bytes").u64(), s.get("live_count").u64()),
+            (live, count)
+        );
+        assert_eq!(s.get("peak_requested_bytes").u64(), peak);
+    }
+    assert_eq!(int(v.get("delta_live_bytes")), 7608 - 2300);
+    assert_eq!(int(v.get("delta_live_count")), 2);
+    assert_eq!(int(v.get("delta_peak_requested_bytes")), 7608 - 7300);
+    assert_eq!(
+        diff_rows(v.get("grew")),
+        vec![
+            row("cache.py:7 in get", [0, 4096, 4096, 0, 1, 1]),
+            row("train.py:10 in forward", [2000, 3000, 1000, 2, 3, 1]),
+            row("unknown", [0, 512, 512, 0, 1, 1]),
+        ]
+    );
+    assert_eq!(
+        diff_rows(v.get("shrank")),
+        vec![row("model.py:5 in step", [300, 0, -300, 1, 0, -1])]
+    );
+    assert_eq!(
+        (
+            v.get("grew_groups").u64(),
+            v.get("shrank_groups").u64(),
+            v.get("unchanged_groups").u64()
+        ),
+        (3, 1, 0)
+    );
+    // The groupings no trace records are named, with why.
+    let why = v.get("unavailable");
+    assert!(
+        why.get("category")
+            .str()
+            .contains("a torch-arena trace records")
+    );
+    assert!(why.get("module").str().contains("nn.Module"));
+
+    // The same as text, at each run's peak (the default): cache.py's 5,000 B at A's peak are
+    // 4,096 B at B's.
+    let o = torch_arena(&["diff", a, b]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}: {out}"))
+            .to_string()
+    };
+    assert!(
+        line("A: ").contains("at the peak of the run: after 4 of 5 events"),
+        "{out}"
+    );
+    assert!(
+        line("B: ").contains("at the peak of the run: after 5 of 5 events"),
+        "{out}"
+    );
+    let live = line("live requested");
+    for s in ["7.13 KiB", "7.43 KiB", "+308 B"] {
+        assert!(live.contains(s), "{live}");
+    }
+    assert!(line("live allocations").ends_with("+1"), "{out}");
+    assert!(
+        line("peak requested in the run").contains("+308 B"),
+        "{out}"
+    );
+    assert!(
+        out.contains("by site: 2 grew, 2 shrank, 0 unchanged"),
+        "{out}"
+    );
+    let grew = out.find("grew (most bytes added first):").expect(&out);
+    let shrank = out.find("shrank (most bytes removed first):").expect(&out);
+    let forward = line("train.py:10 in forward");
+    assert!(
+        forward.contains("+1000 B") && forward.contains("2 -> 3"),
+        "{forward}"
+    );
+    let cache = line("cache.py:7 in get");
+    assert!(
+        cache.contains("-904 B") && cache.contains("4.88 KiB") && cache.contains("4.00 KiB"),
+        "{cache}"
+    );
+    assert!(out.find("train.py:10 in forward").unwrap() > grew);
+    assert!(out.find("cache.py:7 in get").unwrap() > shrank);
+    assert!(
+        out.contains("by category or module: not recorded in these traces"),
+        "{out}"
+    );
+
+    // By file, the top row only.
+    let o = torch_arena(&[
+        "diff", a, b, "--at", "end", "--by", "file", "--top", "1", "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    assert_eq!(v.get("by").str(), "file");
+    assert_eq!(
+        diff_rows(v.get("grew")),
+        vec![row("cache.py", [0, 4096, 4096, 0, 1, 1])]
+    );
+    assert_eq!(v.get("grew_not_shown").u64(), 2);
+
+    // Two moments of one run: the start and the end of A.
+    let o = torch_arena(&["diff", a, "--at", "start", "--at", "end", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    assert_eq!(int(v.get("delta_live_bytes")), 2300);
+    assert_eq!(v.get("b").get("moment").str(), "end");
+}
+
+/// A PyTorch snapshot of three training steps (an `Optimizer.step` range ends each): each step
+/// leaks 100 B at train.py:10 and makes a temporary at train.py:20 that is 1,000 B larger than
+/// the step before's.
+fn three_step_snapshot(dir: &std::path::Path) -> PathBuf {
+    let bytes = python_pickle::python_pickle(
+        "f = lambda line: [dict(filename='train.py', line=line, name='step')]\n\
+         e = lambda a, addr, s, t, line: dict(action=a, addr=addr, size=s, stream=0, \
+             time_us=1000 + t, frames=f(line))\n\
+         ann = lambda stage, t: dict(stage=stage, name='Optimizer.step#AdamW.step', device=0, \
+             time_us=1000 + t)\n\
+         ev, notes = [], []\n\
+         for k in range(3):\n\
+         \x20   t = 10 * k\n\
+         \x20   ev += [e('alloc', 16 + k, 100, t + 1, 10), e('alloc', 64, 1000 * (k + 1), t + 2, 20), \
+                    e('free_completed', 64, 1000 * (k + 1), t + 3, 20)]\n\
+         \x20   notes += [ann('START', t + 4), ann('END', t + 5)]\n\
+         obj = dict(segments=[], device_traces=[ev], external_annotations=notes)",
+        4,
+    );
+    let path = dir.join("steps.pickle");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn diff_of_two_steps_of_one_run() {
+    let dir = scratch("diff-steps");
+    let snap = three_step_snapshot(&dir);
+    let snap = snap.to_str().unwrap();
+    // At each step's peak: the temporary grew by 2,000 B, the leak by 200 B.
+    let o = torch_arena(&["diff", snap, "--steps", "0", "2", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    for (side, step, span, applied, live) in [("a", 0, [0, 3], 2, 1100), ("b", 2, [6, 9], 8, 3300)]
+    {
+        let s = v.get(side);
+        assert_eq!(s.get("step").u64(), step);
+        let got: Vec<u64> = s.get("span_events").arr().iter().map(|j| j.u64()).collect();
+        assert_eq!(got, span);
+        assert_eq!(s.get("events_applied").u64(), applied);
+        assert_eq!(s.get("live_bytes").u64(), live);
+        assert_eq!(s.get("peak_requested_bytes").u64(), live);
+    }
+    assert_eq!(
+        diff_rows(v.get("grew")),
+        vec![
+            row("train.py:20 in step", [1000, 3000, 2000, 1, 1, 0]),
+            row("train.py:10 in step", [100, 300, 200, 1, 3, 2]),
+        ]
+    );
+    // At each step's end: only the leak is left.
+    let o = torch_arena(&["diff", snap, "--steps", "0", "2", "--at", "end"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("at the end of step 0 (events 0 to 3)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("at the end of step 2 (events 6 to 9)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("by site: 1 grew, 0 shrank, 0 unchanged"),
+        "{out}"
+    );
+    let leak = out
+        .lines()
+        .find(|l| l.contains("train.py:10 in step"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(leak.contains("+200 B") && leak.contains("1 -> 3"), "{leak}");
+    // N events into each step.
+    let o = torch_arena(&[
+        "diff", snap, "--steps", "1", "2", "--at", "event:1", "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    assert_eq!(v.get("a").get("events_applied").u64(), 4);
+    assert_eq!(v.get("b").get("events_applied").u64(), 7);
+
+    // A step past the last, an event past a step's end.
+    assert_usage_error(
+        &torch_arena(&["diff", snap, "--steps", "0", "3"]),
+        &[
+            "step 3 is out of range",
+            "marks 3 steps (0 to 2)",
+            "Optimizer.step",
+        ],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff", snap, "--steps", "0", "1", "--at", "event:4"]),
+        &["event:4 is beyond step 0", "event:0 to event:3"],
+    );
+    // A synthetic workload marks its own steps.
+    let o = torch_arena(&[
+        "diff",
+        "synth:varlen-train:3",
+        "--steps",
+        "0",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    assert_eq!(v.get("b").get("step").u64(), 2);
+    assert_eq!(
+        int(v.get("delta_live_bytes")),
+        v.get("b").get("live_bytes").u64() as i64 - v.get("a").get("live_bytes").u64() as i64
+    );
+}
+
+#[test]
+fn diff_refuses_bad_input_with_clear_errors() {
+    let dir = scratch("diff-bad");
+    let (a, b) = diff_pair(&dir);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let missing = dir.join("missing.pickle");
+    let missing = missing.to_str().unwrap();
+    assert_usage_error(
+        &torch_arena(&["diff", a, missing]),
+        &["cannot read trace", "missing.pickle"],
+    );
+    let junk = dir.join("junk.pickle");
+    std::fs::write(&junk, b"GIF89a not a trace").unwrap();
+    assert_usage_error(
+        &torch_arena(&["diff", a, junk.to_str().unwrap()]),
+        &["junk.pickle", "not a trace format torch-arena knows"],
+    );
+    let cut = dir.join("cut.pickle");
+    let snap = three_step_snapshot(&dir);
+    let bytes = std::fs::read(&snap).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    assert_usage_error(
+        &torch_arena(&["diff", cut.to_str().unwrap(), a]),
+        &["cut.pickle", "truncated"],
+    );
+    // Steps of a trace that marks none: why, and what to do instead.
+    assert_usage_error(
+        &torch_arena(&["diff", a, "--steps", "0", "1"]),
+        &[
+            "a.trace marks no steps",
+            "trace format (version 1) records no step boundaries",
+            "--at",
+        ],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff", a, b, "--at", "event:6"]),
+        &["event:6 is beyond", "5 events (event:0 to event:5)"],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff", a, b, "--at", "top"]),
+        &["'top' is not a moment", "peak, start, end or event:N"],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff", a]),
+        &["one trace", "--steps I J", "--at"],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff"]),
+        &["which traces?", "Usage: torch-arena diff"],
+    );
+    assert_usage_error(&torch_arena(&["diff", a, b, a]), &["3 given"]);
+    assert_usage_error(
+        &torch_arena(&["diff", a, b, "--at", "end", "--at", "end", "--at", "end"]),
+        &["--at is given once", "3 given"],
+    );
+    assert_usage_error(
+        &torch_arena(&["diff", a, b, "--top", "0"]),
+        &["at least 1 row"],
+    );
+    // Groupings no trace records: refused, with why and where to find them.
+    for by in ["category", "module"] {
+        assert_usage_error(
+            &torch_arena(&["diff", a, b, "--by", by]),
+            &[
+                &format!("--by {by}: not recorded in these traces"),
+                "explain()",
+            ],
+        );
+    }
+    // A plot file refused before any trace is read.
+    assert_usage_error(
+        &torch_arena(&["diff", missing, b, "--plot", "x.gif"]),
+        &["--plot", "unknown extension"],
+    );
+}
+
+#[test]
+fn diff_plots_both_runs_on_one_axis() {
+    let dir = scratch("diff-plot");
+    let (a, b) = diff_pair(&dir);
+    let svg = dir.join("diff.svg");
+    let png = dir.join("diff.png");
+    for f in [&svg, &png] {
+        let o = torch_arena(&[
+            "diff",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--plot",
+            f.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(stderr(&o).contains("plot written to"), "{}", stderr(&o));
+    }
+    let text = std::fs::read_to_string(&svg).unwrap();
+    // An XML parser reads it whole.
+    let parsed = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); \
+             print(r.tag, len(r.findall('.//{http://www.w3.org/2000/svg}polyline')))",
+            svg.to_str().unwrap(),
+        ])
+        .output()
+        .expect("python3 parses the SVG");
+    assert!(parsed.status.success(), "{}", stderr(&parsed));
+    let parsed = stdout(&parsed);
+    assert!(
+        parsed.starts_with("{http://www.w3.org/2000/svg}svg "),
+        "{parsed}"
+    );
+    for s in [
+        "torch-arena diff: a.trace vs b.trace",
+        "A: a.trace",
+        "B: b.trace",
+        "share of each run&apos;s events",
+        ">100%<",
+        "class=\"moment\"",
+        "A: peak",
+    ] {
+        assert!(text.contains(s), "svg lacks {s:?}");
+    }
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+    assert_eq!(&bytes[12..16], b"IHDR");
+    // Steps: x is the share of each step.
+    let steps = dir.join("steps.svg");
+    let o = torch_arena(&[
+        "diff",
+        "synth:varlen-train:2",
+        "--steps",
+        "0",
+        "1",
+        "--plot",
+        steps.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&steps).unwrap();
+    assert!(text.contains("share of each step&apos;s events"), "{text}");
+    assert!(text.contains("step 0 vs step 1"), "{text}");
 }

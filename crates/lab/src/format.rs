@@ -372,6 +372,7 @@ pub(crate) fn read_from(
         events,
         sites,
         native,
+        steps: None,
     };
     Ok((trace, warnings))
 }

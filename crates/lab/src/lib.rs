@@ -6,8 +6,10 @@
 //! ([`synth`]). [`load`] picks the importer from the file's content. [`replay`] runs a trace
 //! through the arena on a simulated device; [`native`] emulates PyTorch's native caching allocator
 //! on the same trace; [`fit`] finds the smallest device each needs; [`plot`] draws both; [`live`]
-//! lists what is live at the peak or before an event, by site.
+//! lists what is live at the peak or before an event, by site; [`diff`] what grew and shrank
+//! between two moments (of two traces, or two steps of one).
 
+pub mod diff;
 pub mod fit;
 pub mod format;
 mod frames;
@@ -27,4 +29,4 @@ mod import;
 mod input;
 mod model;
 pub use import::{load, load_with_warnings};
-pub use model::{Event, Kind, NativeReserved, Op, Source, Trace};
+pub use model::{Event, Kind, NativeReserved, Op, Source, StepMarks, Trace};

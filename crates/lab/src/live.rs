@@ -1,6 +1,7 @@
 //! What is live in a recorded trace at one moment, by allocation site: the offline form of
 //! `torch_arena.live_report()` (memray's table, pytorch_memlab's MemReporter), for a trace at
-//! its peak or just before an event (the one that ran out of memory).
+//! its peak (of the whole trace or of a span, such as a step) or just before an event (the one
+//! that ran out of memory).
 //!
 //! One pass over the events up to the moment, keeping only the live set (memory proportional to
 //! what is live, not to the trace). Frees of allocations the trace never made are ignored.
@@ -20,6 +21,9 @@ pub enum At {
     /// Just before event `i` runs (the live set an out-of-memory request met); `i` may be
     /// `events.len()` (the end of the trace).
     Before(usize),
+    /// The peak within a span: after the first of events `from..to` at which requested bytes
+    /// were highest over the span, or before event `from` when none rose above where it began.
+    PeakIn(usize, usize),
 }
 
 /// One site's share of the live set (as JSON: these fields, in this order).
@@ -55,7 +59,13 @@ pub fn live_at(trace: &Trace, at: At) -> Result<LiveSet, String> {
             ));
         }
         At::Before(i) => i,
-        At::Peak => peak_end(trace),
+        At::Peak => peak_end(trace, 0, n),
+        At::PeakIn(from, to) if from > to || to > n => {
+            return Err(format!(
+                "events {from} to {to} are not a span of the trace's {n} events"
+            ));
+        }
+        At::PeakIn(from, to) => peak_end(trace, from, to),
     };
     let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
     for e in &trace.events[..upto] {
@@ -92,19 +102,24 @@ pub fn live_at(trace: &Trace, at: At) -> Result<LiveSet, String> {
     })
 }
 
-/// Events to apply to stand at the peak: through the first event that reached it.
-fn peak_end(trace: &Trace) -> usize {
-    let (mut live, mut peak, mut end) = (0u64, 0u64, 0usize);
-    for (i, e) in trace.events.iter().enumerate() {
+/// Events to apply to stand at the peak of events `from..to`: through the first of them that
+/// reached it (`from` when none rose above the bytes live before `from`). Requested bytes are
+/// the running sum [`Trace::peak_requested`] keeps.
+pub(crate) fn peak_end(trace: &Trace, from: usize, to: usize) -> usize {
+    let (mut live, mut peak, mut end) = (0u64, 0u64, from);
+    for (i, e) in trace.events[..to].iter().enumerate() {
         match e.op {
             Op::Alloc => {
                 live = live.saturating_add(e.size);
-                if live > peak {
+                if i >= from && live > peak {
                     peak = live;
                     end = i + 1;
                 }
             }
             Op::Free => live = live.saturating_sub(e.size),
+        }
+        if i + 1 == from {
+            peak = live;
         }
     }
     end
@@ -210,6 +225,7 @@ mod tests {
                 "cache.py:5 in get".into(),
             ],
             native: None,
+            steps: None,
         }
     }
 
@@ -254,6 +270,20 @@ mod tests {
         assert_eq!(end.sites[2].name, "unknown");
         assert!(live_at(&t, At::Before(t.events.len() + 1)).is_err());
         assert_eq!(live_at(&t, At::Before(0)).unwrap().count, 0);
+    }
+
+    #[test]
+    fn the_peak_within_a_span() {
+        let t = known();
+        // Events 6.. : the free of 500 B, then 10 B: the peak is where the span began.
+        assert_eq!(live_at(&t, At::PeakIn(6, 8)).unwrap().events_applied, 6);
+        // Events 3..5: 500 B then 100 B, each a new high.
+        let set = live_at(&t, At::PeakIn(3, 5)).unwrap();
+        assert_eq!((set.events_applied, set.bytes), (5, 850));
+        assert_eq!(live_at(&t, At::PeakIn(0, 8)).unwrap().events_applied, 6);
+        assert_eq!(live_at(&t, At::PeakIn(2, 2)).unwrap().events_applied, 2);
+        assert!(live_at(&t, At::PeakIn(5, 4)).is_err());
+        assert!(live_at(&t, At::PeakIn(0, 9)).is_err());
     }
 
     #[test]

@@ -81,6 +81,24 @@ pub struct NativeReserved {
     pub conf: Option<String>,
 }
 
+/// Where a trace marks the ends of training steps, as event indices, and what marked them.
+///
+/// Step `k` is `events[ends[k-1]..ends[k]]` (step 0 from the first event, seeded ones included);
+/// events after the last end belong to no marked step. Sources: a PyTorch snapshot's
+/// `external_annotations` (the end of each `ProfilerStep#N`, else each `Optimizer.step#...`
+/// `record_function` range on the trace's device), and the synthetic workloads' own steps.
+/// torch-arena's trace format (version 1) and RMM logs record none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepMarks {
+    /// What marked them, for reports ("the end of each Optimizer.step annotation").
+    pub marker: String,
+    /// Event index at which each step ends (non-decreasing, at most `events.len()`).
+    pub ends: Vec<usize>,
+    /// Marks the source holds that fall before the first recorded event (a recording whose
+    /// start was lost): not steps of this trace.
+    pub before_window: usize,
+}
+
 /// An allocation trace of one device, ready to replay.
 #[derive(Clone, Debug)]
 pub struct Trace {
@@ -98,6 +116,8 @@ pub struct Trace {
     pub sites: Vec<String>,
     /// Native reserved bytes, where the source records them (PyTorch snapshots).
     pub native: Option<NativeReserved>,
+    /// Step ends, where the source marks them ([`StepMarks`]).
+    pub steps: Option<StepMarks>,
 }
 
 /// Turns a source's address-keyed allocs and frees into [`Event`]s with ids that never repeat
@@ -172,6 +192,12 @@ impl Window {
 
     /// A block live before the window; returns its id.
     pub fn seed(&mut self, size: u64, stream: u64) -> u64 {
+        self.seed_at(size, stream, 0)
+    }
+
+    /// [`Window::seed`] of a block whose allocation site is known (a snapshot's live block with
+    /// its frames).
+    pub fn seed_at(&mut self, size: u64, stream: u64, site: u32) -> u64 {
         let id = self.next_id();
         self.seeds.push(Event {
             op: Op::Alloc,
@@ -179,7 +205,7 @@ impl Window {
             size,
             stream,
             time_us: 0,
-            site: 0,
+            site,
         });
         id
     }
@@ -210,6 +236,7 @@ impl Trace {
             events,
             sites,
             native: None,
+            steps: None,
         }
     }
 

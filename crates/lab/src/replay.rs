@@ -1056,6 +1056,7 @@ mod tests {
                 .collect(),
             sites: vec![],
             native: None,
+            steps: None,
         }
     }
 

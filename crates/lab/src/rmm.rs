@@ -154,6 +154,7 @@ pub fn from_bytes_with_failures(name: &str, data: &[u8]) -> Result<(Trace, Vec<A
         events,
         sites: vec!["unknown".to_string()],
         native: None,
+        steps: None,
     };
     Ok((trace, fails))
 }

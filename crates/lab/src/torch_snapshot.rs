@@ -12,7 +12,11 @@
 //! - Seeding: what was live when recording began is allocated first, as the `seeded` events:
 //!   blocks freed in the window that the window never allocated (sized by the free's `size`),
 //!   then blocks `active_allocated` / `active_pending_free` in the dump's `segments` that are not
-//!   live allocations of the window (sized by `requested_size`).
+//!   live allocations of the window (sized by `requested_size`, their site from the block's own
+//!   `frames` where it has them).
+//! - Steps ([`StepMarks`]): the ends of the `ProfilerStep#N` ranges in `external_annotations`,
+//!   else of the `Optimizer.step#...` ranges (PyTorch records `record_function` ranges there while
+//!   memory history is on), placed among the events by their timestamps.
 //! - Kind: [`Kind::StateOnly`] without `alloc` events (the events are then the allocation of
 //!   the dump's live set: `active_allocated` and `active_pending_free` blocks), [`Kind::Warm`] with events but no segment events, [`Kind::Partial`]
 //!   with segment events and either a seeded live set or reserved bytes at start, otherwise
@@ -27,7 +31,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use super::pickle::{Seq, Value};
-use crate::model::{Event, Kind, NativeReserved, Op, Source, Trace, Window};
+use crate::model::{Event, Kind, NativeReserved, Op, Source, StepMarks, Trace, Window};
 use torch_arena::error::{Error, Result};
 
 /// Read a snapshot pickle's bytes (already decompressed) into a trace of one device.
@@ -155,10 +159,11 @@ fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
         })?);
     }
 
-    // Parse the segments once: (device, total_size, live blocks).
+    // Parse the segments once: (device, total_size, live blocks with their sites).
+    let mut sites = Sites::new();
     let mut segs = Vec::with_capacity(segments.len());
     for (i, s) in segments.iter().enumerate() {
-        segs.push(parse_segment(name, i, s, visits)?);
+        segs.push(parse_segment(name, i, s, visits, &mut sites)?);
     }
 
     // Which device: most trace entries; without any usable event, most segments. A window
@@ -199,7 +204,6 @@ fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
         .iter()
         .fold(0u64, |a, s| a.saturating_add(s.total_size));
 
-    let mut sites = Sites::new();
     if !has_events {
         return Ok(state_only(
             name,
@@ -268,10 +272,11 @@ fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
     for s in &dev_segs {
         for b in &s.live_blocks {
             if !window.live.contains_key(&b.addr) {
-                window.seed(b.requested, s.stream);
+                window.seed_at(b.requested, s.stream, b.site);
             }
         }
     }
+    let steps = step_marks(v, device, t0, &window, visits)?;
     let (events, seeded) = window.finish();
 
     let net: i128 = seg_deltas.iter().map(|&(_, d)| d).sum();
@@ -324,7 +329,77 @@ fn trace_of(name: &str, v: &Value, visits: &mut Visits) -> Result<Trace> {
         events,
         sites: sites.list,
         native: Some(native),
+        steps,
     })
+}
+
+/// The step ends a snapshot marks: the `END` of each `ProfilerStep#N` range in its
+/// `external_annotations` (what `torch.profiler.profile.step()` records), else of each
+/// `Optimizer.step#...` range (every `optimizer.step()`, as torch-arena ends its steps), on
+/// `device` (or naming none). PyTorch stamps annotations with the trace entries' clock; each end
+/// falls before the first window event stamped after it (so after the seeds). `None` when the
+/// snapshot holds no such annotation or its entries no time. Malformed annotations are skipped:
+/// they only label the events.
+fn step_marks(
+    v: &Value,
+    device: i64,
+    t0: f64,
+    window: &Window,
+    visits: &mut Visits,
+) -> Result<Option<StepMarks>> {
+    let Some(list) = v.get("external_annotations").and_then(|a| a.as_seq()) else {
+        return Ok(None);
+    };
+    visits.charge(list.len(), &|| "external_annotations".to_string())?;
+    // Without a clock (entries with no `time_us`) the annotations cannot be placed.
+    if t0 == 0.0 || window.events.is_empty() {
+        return Ok(None);
+    }
+    let ends_of = |prefix: &str| -> Vec<f64> {
+        let mut t: Vec<f64> = list
+            .iter()
+            .filter(|a| a.get("stage").and_then(Value::as_str) == Some("END"))
+            .filter(|a| {
+                a.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .filter(|a| {
+                a.get("device")
+                    .and_then(Value::as_int)
+                    .is_none_or(|d| d == device)
+            })
+            .filter_map(|a| a.get("time_us").and_then(Value::as_f64))
+            .filter(|t| t.is_finite())
+            .map(|t| t - t0)
+            .collect();
+        t.sort_by(f64::total_cmp);
+        t
+    };
+    let (times, marker) = match ends_of("ProfilerStep#") {
+        t if !t.is_empty() => (t, "the end of each ProfilerStep annotation"),
+        _ => (
+            ends_of("Optimizer.step#"),
+            "the end of each Optimizer.step annotation",
+        ),
+    };
+    if times.is_empty() {
+        return Ok(None);
+    }
+    let seeded = window.seeds.len();
+    let mut marks = StepMarks {
+        marker: format!("{marker} (PyTorch's external_annotations)"),
+        ..Default::default()
+    };
+    for t in times {
+        if t < 0.0 {
+            marks.before_window += 1;
+            continue;
+        }
+        let within = window.events.partition_point(|e| (e.time_us as f64) <= t);
+        marks.ends.push(seeded + within);
+    }
+    Ok(Some(marks))
 }
 
 /// A snapshot without events: replayed as the allocation of the live set at dump.
@@ -344,7 +419,7 @@ fn state_only(
                 size: b.requested,
                 stream: s.stream,
                 time_us: 0,
-                site: 0,
+                site: b.site,
             });
         }
     }
@@ -362,12 +437,15 @@ fn state_only(
             peak: reserved,
             ..Default::default()
         }),
+        steps: None,
     }
 }
 
 struct Block {
     addr: u64,
     requested: u64,
+    /// The site of the block's frames (0: none recorded).
+    site: u32,
 }
 
 struct Segment {
@@ -378,7 +456,13 @@ struct Segment {
     live_blocks: Vec<Block>,
 }
 
-fn parse_segment(name: &str, i: usize, s: &Value, visits: &mut Visits) -> Result<Segment> {
+fn parse_segment(
+    name: &str,
+    i: usize,
+    s: &Value,
+    visits: &mut Visits,
+    sites: &mut Sites,
+) -> Result<Segment> {
     let path = || format!("segments[{i}]");
     if !s.is_dict() {
         return Err(bad(
@@ -423,7 +507,11 @@ fn parse_segment(name: &str, i: usize, s: &Value, visits: &mut Visits) -> Result
                     Some(_) => uint(name, b, "requested_size", &bpath)?,
                     None => uint(name, b, "size", &bpath)?,
                 };
-                live_blocks.push(Block { addr, requested });
+                live_blocks.push(Block {
+                    addr,
+                    requested,
+                    site: sites.top_frame(b),
+                });
             }
         }
     }

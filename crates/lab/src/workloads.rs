@@ -13,10 +13,12 @@
 //! | `two-stream-train` | GPT-2 medium (24 layers, d 1,024), fp32, DDP: gradients reduced in 25 MiB buckets (`bucket_cap_mb` default) on a second stream | batch size (4 to 8 sequences of 1,024 tokens) |
 //!
 //! Peaks run from about 2 GiB (`llm-serve`) to 20 GiB (`two-stream-train`, three steps); the lab
-//! fits each in a few seconds at most.
+//! fits each in a few seconds at most. Each trace marks where its steps end
+//! ([`crate::StepMarks`]; `llm-serve`: every 50 decode steps), so `torch-arena diff --steps`
+//! compares two of them.
 
 use super::synth::SplitMix;
-use crate::model::{Event, Op, Trace};
+use crate::model::{Event, Op, StepMarks, Trace};
 
 const F32: u64 = 4;
 const F16: u64 = 2;
@@ -47,6 +49,8 @@ struct B {
     sites: Vec<String>,
     next: u64,
     stream: u64,
+    /// Event index at the end of each step so far.
+    step_ends: Vec<usize>,
 }
 
 impl B {
@@ -56,6 +60,7 @@ impl B {
             sites: vec!["unknown".to_string()],
             next: 1,
             stream: 0,
+            step_ends: Vec::new(),
         }
     }
 
@@ -105,8 +110,19 @@ impl B {
         });
     }
 
+    /// The step ends here.
+    fn end_step(&mut self) {
+        self.step_ends.push(self.events.len());
+    }
+
     fn finish(self, name: String) -> Trace {
-        Trace::synthetic(name, self.events, self.sites)
+        let mut t = Trace::synthetic(name, self.events, self.sites);
+        t.steps = Some(StepMarks {
+            marker: "the workload's own steps".into(),
+            ends: self.step_ends,
+            before_window: 0,
+        });
+        t
     }
 }
 
@@ -254,6 +270,7 @@ fn varlen_train(steps: u32, seed: u64) -> Trace {
         let batch = b.alloc(tokens * 8, "input_ids");
         gpt_step(&mut b, &params, &mut adam, LAYERS, D, VOCAB, tokens);
         b.free(batch);
+        b.end_step();
     }
     b.free_all(adam);
     b.free_all(params);
@@ -292,8 +309,8 @@ fn llm_serve(steps: u32, seed: u64) -> Trace {
     }
     params.push(b.alloc(VOCAB * D * F16, "lm_head (parameter)"));
     let mut active: Vec<Request> = Vec::new();
-    // Decode steps: `steps` × 50.
-    for _ in 0..steps as u64 * 50 {
+    // Decode steps: `steps` × 50 (a STEP of the spec ends every 50).
+    for decode in 1..=steps as u64 * 50 {
         // Arrivals: Poisson(0.5) by inversion.
         let (mut k, mut p, l) = (0u32, 1.0f64, (-0.5f64).exp());
         loop {
@@ -329,6 +346,9 @@ fn llm_serve(steps: u32, seed: u64) -> Trace {
             });
         }
         if active.is_empty() {
+            if decode % 50 == 0 {
+                b.end_step();
+            }
             continue;
         }
         // One decode step for the whole batch.
@@ -364,6 +384,9 @@ fn llm_serve(steps: u32, seed: u64) -> Trace {
             } else {
                 i += 1;
             }
+        }
+        if decode % 50 == 0 {
+            b.end_step();
         }
     }
     for r in active {
@@ -441,6 +464,7 @@ fn moe_train(steps: u32, seed: u64) -> Trace {
         b.free(dx);
         adamw_states(&mut b, &mut adam, &params);
         b.free_all(grads);
+        b.end_step();
     }
     b.free_all(adam);
     b.free_all(params);
@@ -485,6 +509,7 @@ fn two_stream_train(steps: u32, seed: u64) -> Trace {
             b.free(buf);
             b.free(tmp);
         }
+        b.end_step();
     }
     b.free_all(buckets);
     b.free_all(adam);

@@ -19,6 +19,19 @@ pub enum Style {
     NativeEmulated,
     /// The arena's reserved bytes under the n-th setting (a palette colour per n).
     Arena(usize),
+    /// The n-th of the runs a plot compares (`torch-arena diff`: A blue, B orange).
+    Run(usize),
+}
+
+/// What the x axis counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum XAxis {
+    /// Event indices, 0 to [`Panel::events`] (titled "event").
+    #[default]
+    Events,
+    /// A share of something, 0 to 100 %: x runs from 0 to [`Panel::events`], which stands for
+    /// 100 %; ticks every 10 %, the axis titled with the text given.
+    Percent(String),
 }
 
 /// One series of a panel.
@@ -67,6 +80,8 @@ pub struct Panel {
     pub marks: Vec<Mark>,
     /// Modelled driver time over the trace, per allocator (right axis).
     pub times: Vec<TimeLine>,
+    /// What x counts: events, or a share of the run.
+    pub x_axis: XAxis,
 }
 
 impl Panel {
@@ -81,6 +96,7 @@ impl Panel {
             seeded: 0,
             marks: Vec::new(),
             times: Vec::new(),
+            x_axis: XAxis::Events,
         }
     }
 }
@@ -289,6 +305,7 @@ pub(super) fn color(style: Style) -> [u8; 3] {
         Style::NativeRecorded => [0xd6, 0x27, 0x28],
         Style::NativeEmulated => [0xff, 0x7f, 0x0e],
         Style::Arena(n) => PALETTE[n % PALETTE.len()],
+        Style::Run(n) => [[0x1f, 0x77, 0xb4], [0xff, 0x7f, 0x0e]][n % 2],
     }
 }
 
@@ -319,6 +336,8 @@ pub(super) struct PanelGeometry {
     /// (x, label) of each x tick.
     pub(super) x_ticks: Vec<(f64, String)>,
     pub(super) x_title: (f64, f64),
+    /// The x axis's title.
+    pub(super) x_title_text: String,
     /// (x, y) of each legend entry's sample line start, in line order.
     pub(super) legend: Vec<(f64, f64)>,
     /// Each line in image coordinates.
@@ -342,10 +361,22 @@ pub(super) fn geometry(panel: &Panel, top: f64) -> PanelGeometry {
         .map(|i| (frame.y(i * ystep), bytes_label(i * ystep, ytop)))
         .collect();
     let x_max = frame.x_max as u64;
-    let xs = x_step(x_max);
-    let x_ticks = (0..=x_max / xs)
-        .map(|i| (frame.x(i * xs), count_label(i * xs)))
-        .collect();
+    let (x_ticks, x_title_text) = match &panel.x_axis {
+        XAxis::Events => {
+            let xs = x_step(x_max);
+            let ticks = (0..=x_max / xs)
+                .map(|i| (frame.x(i * xs), count_label(i * xs)))
+                .collect();
+            (ticks, X_TITLE.to_string())
+        }
+        XAxis::Percent(title) => {
+            let full = panel.events.max(1);
+            let ticks = (0..=10u64)
+                .map(|i| (frame.x(full * i / 10), format!("{}%", i * 10)))
+                .collect();
+            (ticks, title.clone())
+        }
+    };
     let legend_top = frame.bottom() + BELOW;
     let col_w = frame.w / LEGEND_COLS as f64;
     let legend = (0..legend_entries(panel))
@@ -410,6 +441,7 @@ pub(super) fn geometry(panel: &Panel, top: f64) -> PanelGeometry {
         time_ticks,
         title: (frame.x0, top + TOP - 26.0),
         x_title: (frame.x0 + frame.w / 2.0, frame.bottom() + 34.0),
+        x_title_text,
         frame,
         y_ticks,
         x_ticks,

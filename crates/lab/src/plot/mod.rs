@@ -11,6 +11,10 @@
 //! axis, each allocator's modelled driver time accumulated over the trace (dotted). Its title is
 //! cut to fit the width (the whole title stays in the SVG's `<title>`).
 //!
+//! A panel can count x as a share instead ([`XAxis::Percent`]): `torch-arena diff` draws two runs
+//! of different lengths on one axis that way, each in a [`Style::Run`] colour, with the moment
+//! each side was taken at marked.
+//!
 //! For many traces, [`overview_svg`] / [`overview_png`] draw one row per trace instead (ours /
 //! native peak reserved, ours / native modelled driver time), so a sweep is one readable chart.
 //!
@@ -28,7 +32,9 @@ mod overview;
 mod render;
 mod svg;
 
-pub use layout::{ACCEPTED_EXTENSIONS, Format, Line, Mark, Panel, Style, TimeLine, seconds_label};
+pub use layout::{
+    ACCEPTED_EXTENSIONS, Format, Line, Mark, Panel, Style, TimeLine, XAxis, seconds_label,
+};
 pub use overview::{OverviewRow, overview_png, overview_svg, write_overview};
 pub use svg::svg;
 
@@ -61,6 +67,7 @@ mod tests {
                 events: 100,
                 capacity: Some(96 * MIB),
                 seeded: 10,
+                x_axis: XAxis::Events,
                 marks: vec![Mark {
                     event: 90,
                     label: "OOM: arena".into(),
@@ -397,6 +404,51 @@ mod tests {
         assert!(inked > 100, "the overview's title is drawn: {inked}");
         let blank = Pixels::decode(&overview_png("", &rows)).inked(10..200, 10..24);
         assert_eq!(blank, 0);
+    }
+
+    /// A share axis (`torch-arena diff`): ticks 0 % to 100 % of `events`, the title given, and
+    /// the compared moments drawn as moments, not out-of-memory markers.
+    #[test]
+    fn a_percent_axis_and_moment_marks() {
+        let p = Panel {
+            marks: vec![Mark {
+                event: 2_500,
+                label: "A: peak".into(),
+                style: Style::Run(0),
+            }],
+            x_axis: XAxis::Percent("share of each run's events".into()),
+            ..Panel::new(
+                "A vs B",
+                10_000,
+                vec![
+                    Line {
+                        label: "A".into(),
+                        style: Style::Run(0),
+                        points: vec![(0, 0), (2_500, 40 * MIB), (10_000, 0)],
+                    },
+                    Line {
+                        label: "B".into(),
+                        style: Style::Run(1),
+                        points: vec![(0, 0), (5_000, 60 * MIB), (10_000, 0)],
+                    },
+                ],
+            )
+        };
+        let text = svg(std::slice::from_ref(&p));
+        check_balanced(&text);
+        for s in [
+            ">0%<",
+            ">50%<",
+            ">100%<",
+            ">share of each run&apos;s events<",
+        ] {
+            assert!(text.contains(s), "svg lacks {s:?}");
+        }
+        assert!(!text.contains(">event<"));
+        assert_eq!(text.matches("class=\"moment\"").count(), 1);
+        assert!(!text.contains("class=\"oom\""));
+        assert!(text.contains("#1f77b4") && text.contains("#ff7f0e"));
+        assert!(png(&[p]).starts_with(b"\x89PNG"));
     }
 
     #[test]

@@ -130,8 +130,10 @@ pub fn svg(panels: &[Panel]) -> String {
         }
         let _ = writeln!(
             s,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{X_TITLE}</text>",
-            g.x_title.0, g.x_title.1
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            g.x_title.0,
+            g.x_title.1,
+            escape_xml(&g.x_title_text)
         );
         for (y, label) in &g.time_ticks {
             let _ = writeln!(
@@ -202,10 +204,15 @@ pub fn svg(panels: &[Panel]) -> String {
                 f.x0 + f.w
             );
         }
-        for (x, _, c) in &g.marks {
+        for ((x, _, c), mark) in g.marks.iter().zip(&panel.marks) {
+            // A moment a diff compares, or an out-of-memory.
+            let class = match mark.style {
+                Style::Run(_) => "moment",
+                _ => "oom",
+            };
             let _ = writeln!(
                 s,
-                "<line class=\"oom\" x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{}\" stroke-width=\"2\"/>",
+                "<line class=\"{class}\" x1=\"{x:.1}\" y1=\"{:.1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"{}\" stroke-width=\"2\"/>",
                 f.y0,
                 f.bottom(),
                 hex(*c)
