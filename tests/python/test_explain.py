@@ -515,3 +515,50 @@ print(json.dumps({"activations": r["categories"]["activations"], "truth": truth,
     )
     assert got["activations"] == got["truth"] > 32 * 256 * 4, got
     assert got["warned"] == []
+
+
+def test_torch_arena_diff_compares_two_reports_by_category_and_module(tmp_path):
+    # Two reports of one run, before and after an evaluation pass with grad enabled kept its
+    # outputs past a step: `torch-arena diff` on the files shows held_graphs grew, by the bytes
+    # explain() gives, and by module where they were made.
+    import subprocess
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    got = run(
+        f"""
+torch_arena.track_modules()
+torch_arena.step()
+with open({str(tmp_path / "a.json")!r}, "w") as f:
+    json.dump(torch_arena.explain(json=True, device="cpu"), f)
+model.eval()
+kept = [model(x) for _ in range(2)]
+torch_arena.step()
+b = torch_arena.explain(json=True, device="cpu")
+with open({str(tmp_path / "b.json")!r}, "w") as f:
+    json.dump(b, f)
+print(json.dumps(b["categories"]))
+"""
+    )
+    exe = Path(sysconfig.get_path("scripts")) / "torch-arena"
+    if not exe.exists():
+        exe = Path(sys.executable).parent / "torch-arena"
+    out = subprocess.run(
+        [str(exe), "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    grew = {r["key"]: r["delta_bytes"] for r in d["grew"]}
+    assert grew["held_graphs"] == got["held_graphs"] > 0
+    out = subprocess.run(
+        [str(exe), "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--by", "module"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Sequential.0" in out.stdout, out.stdout

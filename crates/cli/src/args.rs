@@ -593,9 +593,11 @@ pub(crate) enum ByArg {
     Site,
     /// the site's source file (train.py)
     File,
-    /// what the memory is (parameters, gradients, ...): no trace records it, so refused with why
+    /// what the memory is (parameters, gradients, ...): of two explain reports (the default
+    /// for them); no trace records it, so refused for traces with why
     Category,
-    /// the nn.Module that allocated it: no trace records it, so refused with why
+    /// the nn.Module the memory belongs to: of two explain reports; no trace records it, so
+    /// refused for traces with why
     Module,
 }
 

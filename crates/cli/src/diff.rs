@@ -134,6 +134,9 @@ pub(crate) fn take<'t>(
 
 /// `torch-arena diff`.
 pub(crate) fn diff_command(a: DiffArgs) -> CliResult<u8> {
+    if let Some(pair) = crate::diff_report::reports(&a)? {
+        return crate::diff_report::diff_reports(&a, pair);
+    }
     let specs = plan(&a)?;
     let by = a.by.unwrap_or(ByArg::Site).by();
     let top = a.top.unwrap_or(DEFAULT_TOP);

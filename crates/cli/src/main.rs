@@ -43,6 +43,7 @@ mod args;
 mod convert;
 mod demo;
 mod diff;
+mod diff_report;
 mod fit;
 mod fit_plot;
 mod json;

@@ -91,7 +91,9 @@ allocations live at its moment (requested bytes, seeded ones included), grouped 
 site (the frame text replay --live shows) or by the site's file, and matched by that text. \
 Prints the live bytes and allocations of A and B and the change, the peak requested over each \
 run (or step), then the groups that grew (most added bytes first) and that shrank (most \
-removed first).";
+removed first). Given two explain reports (torch_arena.explain(json=True) dumped, or the report \
+written at an out-of-memory error with explain:True), it compares what they hold by category \
+(default) or by module instead.";
 
 pub(crate) const DIFF_AFTER_HELP: &str = concat!(
     "examples:
@@ -100,6 +102,7 @@ pub(crate) const DIFF_AFTER_HELP: &str = concat!(
   torch-arena diff run.pickle --steps 1 5 --plot steps.svg  step 5 against step 1 of one run
   torch-arena diff run.trace --at event:10000 --at end      two moments of one run
   torch-arena diff synth:varlen-train:4 --steps 0 3 --json
+  torch-arena diff step2.json oom.explain.json --by module  two explain reports
 
 Steps: a PyTorch snapshot marks them with the record_function ranges PyTorch keeps in its \
 external_annotations while memory history is on (the end of each ProfilerStep#N, else of each \
@@ -110,8 +113,9 @@ so; use --at event:N on both sides instead.
 
 Groups: --by site and --by file come from each allocation's frames. Neither a PyTorch snapshot \
 nor a torch-arena trace records what an allocation holds (parameter, gradient, activation) or \
-which nn.Module made it: --by category and --by module say so and stop (torch_arena.explain() \
-finds both in a running process).
+which nn.Module made it: --by category and --by module say so and stop. torch_arena.explain() \
+finds both in a running process, and its reports (JSON) diff by either: dump \
+explain(json=True) at the two moments, then diff the two files.
 
 ",
     trace_forms!(),

@@ -217,7 +217,7 @@ fn unknown_command() {
         &[
             "unrecognized subcommand 'replya'",
             "a similar subcommand exists: 'replay'",
-            "replay, fit, diff, synth, convert, demo",
+            "replay, fit, synth, convert, demo, merge, diff",
         ],
     );
 }
@@ -2233,4 +2233,108 @@ fn diff_plots_both_runs_on_one_axis() {
     let text = std::fs::read_to_string(&steps).unwrap();
     assert!(text.contains("share of each step&apos;s events"), "{text}");
     assert!(text.contains("step 0 vs step 1"), "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// diff of two explain reports (torch_arena.explain(json=True); written by tests/python)
+
+/// Two explain reports: from A to B activations grow by 3 MiB and held graphs appear (1 MiB),
+/// other shrinks by 512 B; by module, blocks.1 grows by 3 MiB and head is gone.
+fn report_pair(dir: &std::path::Path) -> (String, String) {
+    let a = dir.join("a.json");
+    let b = dir.join("b.json");
+    std::fs::write(
+        &a,
+        r#"{"categories": {"parameters": 4194304, "gradients": 4194304, "optimizer_state": 8388608,
+            "activations": 2097152, "held_graphs": 0, "other": 1024},
+            "by_module": [{"module": "Net.blocks.1", "parameters": 1048576, "activations": 1048576},
+                          {"module": "Net.head", "parameters": 2048}],
+            "cached_bytes": 0, "unusable_bytes": 0, "remedies": [], "warnings": [], "rank": 0}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &b,
+        r#"{"categories": {"parameters": 4194304, "gradients": 4194304, "optimizer_state": 8388608,
+            "activations": 5242880, "held_graphs": 1048576, "other": 512},
+            "by_module": [{"module": "Net.blocks.1", "parameters": 1048576, "activations": 4194304}],
+            "cached_bytes": 2097152, "unusable_bytes": 1048576, "remedies": [], "warnings": [],
+            "rank": 0, "oom": {"device": 0, "request_bytes": 6291456}}"#,
+    )
+    .unwrap();
+    (
+        a.to_str().unwrap().to_string(),
+        b.to_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn diff_of_two_explain_reports_by_category_and_by_module() {
+    let dir = scratch("diff-reports");
+    let (a, b) = report_pair(&dir);
+    let o = torch_arena(&["diff", &a, &b, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json::parse(stdout(&o).trim()).unwrap();
+    assert_eq!(v.get("by").str(), "category");
+    assert_eq!(int(v.get("delta_total_bytes")), 3 * 1048576 + 1048576 - 512);
+    let grew: Vec<(&str, i64)> = v
+        .get("grew")
+        .arr()
+        .iter()
+        .map(|r| (r.get("key").str(), int(r.get("delta_bytes"))))
+        .collect();
+    assert_eq!(grew, [("activations", 3 << 20), ("held_graphs", 1 << 20)]);
+    let shrank = v.get("shrank").arr();
+    assert_eq!(shrank.len(), 1);
+    assert_eq!(shrank[0].get("key").str(), "other");
+    assert_eq!(int(shrank[0].get("delta_bytes")), -512);
+    assert_eq!(v.get("unchanged_groups").u64(), 3);
+    assert_eq!(v.get("b").get("oom_request_bytes").u64(), 6 << 20);
+    assert_eq!(v.get("b").get("unusable_bytes").u64(), 1 << 20);
+
+    let o = torch_arena(&["diff", &a, &b, "--by", "module"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("by module: 1 grew, 1 shrank, 0 unchanged"),
+        "{text}"
+    );
+    assert!(text.contains("+3.00 MiB"), "{text}");
+    assert!(
+        text.contains("Net.blocks.1") && text.contains("Net.head"),
+        "{text}"
+    );
+    assert!(
+        text.contains("at an out-of-memory error (6.00 MiB asked)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn diff_of_explain_reports_refuses_what_a_report_cannot_answer() {
+    let dir = scratch("diff-reports-bad");
+    let (a, b) = report_pair(&dir);
+    let trace = dir.join("t.trace");
+    std::fs::write(&trace, "torch-arena-trace 1\n").unwrap();
+    let o = torch_arena(&["diff", &a, trace.to_str().unwrap()]);
+    assert_usage_error(
+        &o,
+        &["an explain report is compared with another explain report"],
+    );
+    let o = torch_arena(&["diff", &a, &b, "--by", "site"]);
+    assert_usage_error(&o, &["explain reports record categories and modules"]);
+    let o = torch_arena(&["diff", &a, &b, "--steps", "0", "1"]);
+    assert_usage_error(&o, &["an explain report is one moment"]);
+    let svg = dir.join("x.svg");
+    let o = torch_arena(&["diff", &a, &b, "--plot", svg.to_str().unwrap()]);
+    assert_usage_error(&o, &["nothing to draw"]);
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"categories": {"parameters": -3}}"#).unwrap();
+    let o = torch_arena(&["diff", &a, bad.to_str().unwrap()]);
+    assert_usage_error(
+        &o,
+        &[
+            "bad.json",
+            "\"parameters\" is -3, not a whole number of bytes",
+        ],
+    );
 }
