@@ -72,7 +72,7 @@ pub(super) fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-pub(super) const KEY_DEFS: [KeyDef; 20] = [
+pub(super) const KEY_DEFS: [KeyDef; 21] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -309,6 +309,18 @@ pub(super) const KEY_DEFS: [KeyDef; 20] = [
             Some(())
         },
         show: |c| c.leak_age.to_string(),
+    },
+    KeyDef {
+        name: "cpu_tensors",
+        help: "testing without a GPU: the storage of every CPU tensor made once torch-arena is \
+               enabled comes from simulated device 0, tracked and counted as a CUDA tensor's \
+               would be; needs device:sim and sim_backing:True, True or False (default False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.cpu_tensors = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.cpu_tensors),
     },
 ];
 
