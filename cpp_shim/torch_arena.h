@@ -346,8 +346,8 @@ void* torch_arena_base_alloc(void* ptr, size_t* size) TORCH_ARENA_NOEXCEPT;
  */
 int torch_arena_configure(const char* conf) TORCH_ARENA_NOEXCEPT;
 
-/** The configuration in force, every key spelled out ("device:sim,...,leak_age:0"), copied into
- *  buf snprintf style (see CONVENTIONS). Returns 0 when torch-arena is not initialised yet (no
+/** The configuration in force, every key spelled out ("device:sim,...,cpu_tensors:False"), copied
+ *  into buf snprintf style (see CONVENTIONS). Returns 0 when torch-arena is not initialised yet (no
  *  torch_arena_configure call and no allocation so far), with the reason as the last error. */
 size_t torch_arena_config(char* buf, size_t cap) TORCH_ARENA_NOEXCEPT;
 

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from . import _native
+from . import _cpu_tensors, _native
 
 __all__ = [
     "TorchArenaWarning",
@@ -408,7 +408,10 @@ def enable(conf: str | None = None) -> None:
     ``torch.cuda.memory`` and ``torch.accelerator``) are redirected to torch-arena's figures,
     ``torch.cuda.memory._snapshot``, ``_dump_snapshot``, ``_record_memory_history`` and
     ``memory_snapshot`` to :mod:`torch_arena.snapshots`, and every ``optimizer.step()`` ends a
-    torch-arena step (leak hunting); with ``leaks:True`` the leak report prints at exit.
+    torch-arena step (leak hunting); with ``leaks:True`` the leak report prints at exit. With
+    ``cpu_tensors:True`` (a test mode of the simulated device) the storage of every CPU tensor
+    made from then on comes from simulated device 0 too, so real models run through the arena
+    without a GPU (its small C++ allocator is compiled on first use, see docs/python.md).
     Settings visible now that will not work (``torch.backends.cudnn.benchmark``, torch.compile's
     CUDA graph trees: ``TORCHINDUCTOR_CUDAGRAPHS=1``) or no longer apply
     (``PYTORCH_CUDA_ALLOC_CONF``) give a :class:`TorchArenaWarning` before the swap.
@@ -419,8 +422,8 @@ def enable(conf: str | None = None) -> None:
     Raises:
         ValueError: a bad configuration (the message names the key); nothing is changed.
         RuntimeError: CUDA is already initialised, another pluggable allocator is installed, this
-            torch has no pluggable allocator, or a second call asks for another configuration.
-            Nothing is changed.
+            torch has no pluggable allocator, a second call asks for another configuration, or
+            ``cpu_tensors:True`` finds no C++ compiler or torch headers. Nothing is changed.
     """
     with _lock:
         if _global.enabled:
@@ -456,6 +459,9 @@ def _enable_locked(conf: str | None) -> None:
             "change_current_allocator call, or use torch_arena.pool() under the native one."
         )
     plan = _patch_plan(torch, _native.conf_items(text).get("device") == "sim")
+    cpu_tensors = _cpu_tensors.enabled_in(_native.conf_items(_normalise(text)))
+    if cpu_tensors:
+        _cpu_tensors.prepare(torch)  # compiles on first use; RuntimeError if it cannot
     addresses = {export: _symbol(export) for _, export in _HOOKS}
     if not (_symbol(_MALLOC) and _symbol(_FREE)):
         raise RuntimeError(f"{_native.library_path()} lacks {_MALLOC}/{_FREE}: a broken install")
@@ -473,13 +479,18 @@ def _enable_locked(conf: str | None) -> None:
     for message in _enable_warnings(torch):
         warnings.warn(message, TorchArenaWarning, stacklevel=3)
 
-    # 2. The swap: atomic in PyTorch (it either happens or raises), and the last step that can
-    # fail. It raises if the native allocator was initialised behind torch.cuda's back (a C++
-    # extension that touched CUDA).
+    # 2. The swaps: CPU tensors to the arena (cpu_tensors:True; undone if the next fails), then
+    # CUDA's allocator, atomic in PyTorch (it either happens or raises), and the last step that
+    # can fail. It raises if the native allocator was initialised behind torch.cuda's back (a
+    # C++ extension that touched CUDA).
+    if cpu_tensors:
+        _cpu_tensors.install()
     try:
         memory.change_current_allocator(allocator)
-    except RuntimeError as exc:
-        if "already initialized" in str(exc):
+    except BaseException as exc:
+        if cpu_tensors:
+            _cpu_tensors.uninstall()
+        if isinstance(exc, RuntimeError) and "already initialized" in str(exc):
             raise _cuda_initialised_error(f" (PyTorch: {exc})") from exc
         raise
 
@@ -491,6 +502,10 @@ def _enable_locked(conf: str | None) -> None:
         _global.originals.setdefault((module_name, name), getattr(module, name, None))
         setattr(module, name, replacement)
     _global.enabled = True
+    if cpu_tensors:
+        from . import referrers
+
+        referrers.count_cpu_tensors()
     from . import stats
 
     stats.answer_as_pytorch_before_cuda()
@@ -507,7 +522,8 @@ def _enable_locked(conf: str | None) -> None:
     if _native.conf_items(text).get("explain") == "True":
         _explain.track_modules()
     _log.info(
-        "torch-arena is the CUDA allocator (%s, pid %d, conf %r, hooks: %s)",
+        "torch-arena is the CUDA allocator%s (%s, pid %d, conf %r, hooks: %s)",
+        f" and CPU tensors' (simulated device {_cpu_tensors.DEVICE})" if cpu_tensors else "",
         _rank_text(),
         os.getpid(),
         text,

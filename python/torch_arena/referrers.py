@@ -4,7 +4,8 @@ from a root (a module global, a local variable of a running frame) down to them.
 Owners are found by a walk over the objects the garbage collector tracks:
 
 * ``torch.Tensor`` -- its storage's ``data_ptr()``, only if torch is already imported (this
-  module never imports it) and the tensor is on a CUDA device;
+  module never imports it) and the tensor is on a CUDA device (or on the CPU, when CPU tensors
+  come from the arena: ``cpu_tensors:True``);
 * any type given to :func:`register_holder_type` with a function returning its device pointers.
 
 (:class:`torch_arena.testing.DeviceBuffer` registers itself that way.) Then
@@ -25,7 +26,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["find_holders", "register_holder_type"]
+__all__ = ["count_cpu_tensors", "find_holders", "register_holder_type"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -33,6 +34,9 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _HOLDER_TYPES: dict[type, Callable[[Any], Iterable[int]]] = {}
 # type -> the function that applies to it (looked up through the MRO once per type), or None.
 _resolved: dict[type, Callable[[Any], Iterable[int]] | None] = {}
+
+# Whether CPU tensors own arena memory too (cpu_tensors:True; set by enable()).
+_cpu_tensors = False
 
 MAX_OWNERS = 64  # owners whose chain is traced, per call
 MAX_FRONTIER = 256  # objects climbed from, per level
@@ -49,8 +53,15 @@ def register_holder_type(cls: type, pointers: Callable[[Any], Iterable[int]]) ->
     _resolved.clear()
 
 
+def count_cpu_tensors() -> None:
+    """From now on CPU tensors own arena memory too (``cpu_tensors:True``: enable() calls this
+    once their storages come from the arena)."""
+    global _cpu_tensors
+    _cpu_tensors = True
+
+
 def _tensor_pointers(obj: Any) -> Iterable[int]:
-    if not obj.is_cuda:
+    if not (obj.is_cuda or (_cpu_tensors and obj.is_cpu)):
         return ()
     return (int(obj.untyped_storage().data_ptr()),)
 

@@ -54,9 +54,9 @@ pub unsafe extern "C" fn torch_arena_configure(conf: *const c_char) -> c_int {
     })
 }
 
-/// The configuration in force, every key spelled out (`device:sim,...,leak_age:0`), into `buf`
-/// (snprintf style). 0 when torch-arena is not initialised yet (last error says so): nothing is
-/// decided until `torch_arena_configure` or the first allocation.
+/// The configuration in force, every key spelled out (`device:sim,...,cpu_tensors:False`), into
+/// `buf` (snprintf style). 0 when torch-arena is not initialised yet (last error says so):
+/// nothing is decided until `torch_arena_configure` or the first allocation.
 ///
 /// # Safety
 /// `buf` is NULL or valid for `cap` bytes of writes.

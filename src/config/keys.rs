@@ -322,6 +322,18 @@ pub(super) const KEY_DEFS: [KeyDef; 21] = [
         },
         show: |c| c.leak_age.to_string(),
     },
+    KeyDef {
+        name: "cpu_tensors",
+        help: "testing without a GPU: the storage of every CPU tensor made once torch-arena is \
+               enabled comes from simulated device 0, tracked and counted as a CUDA tensor's \
+               would be; needs device:sim and sim_backing:True, True or False (default False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.cpu_tensors = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.cpu_tensors),
+    },
 ];
 
 pub(super) static ACCEPTED_KEYS: [(&str, &str); KEY_DEFS.len()] = {

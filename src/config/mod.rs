@@ -101,6 +101,7 @@ impl Config {
             }
         }
         conf.check_page_size().map_err(|m| parser.err(m))?;
+        conf.check_cpu_tensors().map_err(|m| parser.err(m))?;
         Ok(conf)
     }
 
@@ -127,6 +128,35 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// `cpu_tensors:True` puts CPU tensors, which the program reads and writes, in the simulated
+    /// device's memory: that memory must exist (`sim_backing:True`) and be the simulated
+    /// device's (`device:sim`; on a GPU a CPU tensor cannot live in device memory).
+    fn check_cpu_tensors(&self) -> std::result::Result<(), String> {
+        if !self.cpu_tensors {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        if self.device != DeviceKind::Sim {
+            missing.push("device:sim");
+        }
+        if !self.sim_backing {
+            missing.push("sim_backing:True");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "cpu_tensors:True needs device:sim and sim_backing:True, and this configuration lacks \
+             {}: CPU tensors are put in the simulated device's memory, which the program reads \
+             and writes, so it must be the simulated device's and backed by host memory; add {}, \
+             or drop cpu_tensors",
+            missing.join(" and "),
+            missing.join(",")
+        ))
     }
 }
 

@@ -105,6 +105,11 @@ pub struct Config {
     pub leak_warmup: u64,
     /// `leak_age:N`: also report live allocations older than N steps; 0 = off (default 0).
     pub leak_age: u64,
+    /// `cpu_tensors:True|False`: the Python package puts the storage of every CPU tensor made
+    /// after `enable()` on simulated device 0 (a CPU allocator registered with c10), so real
+    /// models run through the arena without a GPU. Needs `device:sim` and `sim_backing:True`
+    /// (checked by [`Config::parse`]); the allocator itself reads nothing of it (default False).
+    pub cpu_tensors: bool,
 }
 
 impl Config {
@@ -142,6 +147,7 @@ impl Default for Config {
             explain: false,
             leak_warmup: 2,
             leak_age: 0,
+            cpu_tensors: false,
         }
     }
 }

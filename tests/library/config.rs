@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 21] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -51,6 +51,7 @@ const KEYS: [&str; 20] = [
     "leaks",
     "leak_warmup",
     "leak_age",
+    "cpu_tensors",
 ];
 
 // ---- defaults and every key ----------------------------------------------------------------
@@ -365,7 +366,8 @@ fn unknown_key_suggests_and_lists_every_key() {
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
          page_size_mb, handle_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, \
-         driver_costs, sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age"
+         driver_costs, sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age, \
+         cpu_tensors"
     );
     fails_with(
         "Stitch:True",
@@ -383,6 +385,46 @@ fn unknown_key_suggests_and_lists_every_key() {
     for k in KEYS {
         assert!(m.contains(k), "{m} lacks {k}");
     }
+}
+
+#[test]
+fn cpu_tensors_needs_a_simulated_device_backed_by_host_memory() {
+    let c = parse("device:sim,sim_backing:True,cpu_tensors:True");
+    assert!(c.cpu_tensors && c.sim_backing && c.device == DeviceKind::Sim);
+    assert!(!parse("cpu_tensors:False").cpu_tensors);
+    assert_eq!(
+        parse("device:sim,sim_backing:True,cpu_tensors:True").to_string(),
+        "device:sim,sim_capacity_mb:81920,sim_backing:True,sim_granularity_kb:2048,sim_vmm:True,\
+         sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
+         leak_age:0,cpu_tensors:True"
+    );
+    for (text, lacks) in [
+        ("cpu_tensors:True", "device:sim and sim_backing:True"),
+        (
+            "device:cuda,sim_backing:True,cpu_tensors:True",
+            "device:sim",
+        ),
+        ("device:sim,cpu_tensors:True", "sim_backing:True"),
+        (
+            "cpu_tensors:True,sim_backing:False,device:sim",
+            "sim_backing:True",
+        ),
+    ] {
+        fails_with(
+            text,
+            &[
+                "cpu_tensors:True needs device:sim and sim_backing:True",
+                &format!("this configuration lacks {lacks}:"),
+                "or drop cpu_tensors",
+            ],
+        );
+    }
+    let m = fails_with("cpu_tensors:yes", &[]);
+    assert_eq!(
+        m,
+        "TORCH_ARENA_CONF: bad value 'yes' for key 'cpu_tensors': expected True or False"
+    );
 }
 
 #[test]
@@ -527,7 +569,7 @@ fn display_prints_the_grammar() {
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
          sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
          slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
-         leak_age:0"
+         leak_age:0,cpu_tensors:False"
     );
 }
 

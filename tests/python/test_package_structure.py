@@ -17,6 +17,7 @@ LAYERS = {
     "_frames": 0,
     "referrers": 0,
     "stats": 1,
+    "_cpu_tensors": 1,
     "_capture": 1,
     "_render": 1,
     "_ranks": 1,
