@@ -72,7 +72,7 @@ pub(super) fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-pub(super) const KEY_DEFS: [KeyDef; 21] = [
+pub(super) const KEY_DEFS: [KeyDef; 22] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
