@@ -655,6 +655,9 @@ pub(crate) fn parse_moment(text: &str) -> CliResult<Moment> {
     Moment::parse(text)
 }
 
+/// Rows `diff` shows of each of grew and shrank unless told (`--top`).
+pub(crate) const DEFAULT_TOP: usize = 10;
+
 /// `diff --top N`: at least one row (at most 2^20 shown).
 pub(crate) fn parse_top(text: &str) -> CliResult<usize> {
     match parse_whole(text)? {

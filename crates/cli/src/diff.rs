@@ -11,14 +11,15 @@ use torch_arena_lab::Trace;
 use torch_arena_lab::diff::{self as lib, By, Diff, Moment, Row, Side, Span, delta, unavailable};
 use torch_arena_lab::plot::{self, Line, Mark, Panel, Style, XAxis};
 
+use crate::args::DEFAULT_TOP;
 use crate::args::{ByArg, DiffArgs, TraceArg, usage_of};
 use crate::json::to_line;
 use crate::out::CliResult;
 use crate::replay_plot::write_plot;
-use crate::text::{fmt_bytes, fmt_count, source_key, source_name};
+use crate::text::{
+    fmt_bytes, fmt_count, fmt_signed_bytes, fmt_signed_count, source_key, source_name,
+};
 
-/// Rows shown of each of grew and shrank unless told.
-pub(crate) const DEFAULT_TOP: usize = 10;
 /// The plot's x axis: this many units stand for a whole run (or step).
 const SHARE_SCALE: u64 = 10_000;
 /// Points drawn per run, at most (about).
@@ -194,24 +195,6 @@ fn check_plot(p: &str) -> CliResult<PathBuf> {
         ));
     }
     Ok(path)
-}
-
-/// "+1.50 GiB", "-512 B", "0 B".
-pub(crate) fn fmt_signed_bytes(d: i64) -> String {
-    match d.signum() {
-        1 => format!("+{}", fmt_bytes(d.unsigned_abs())),
-        -1 => format!("-{}", fmt_bytes(d.unsigned_abs())),
-        _ => "0 B".into(),
-    }
-}
-
-/// "+1,234", "-3", "0".
-pub(crate) fn fmt_signed_count(d: i64) -> String {
-    match d.signum() {
-        1 => format!("+{}", fmt_count(d.unsigned_abs())),
-        -1 => format!("-{}", fmt_count(d.unsigned_abs())),
-        _ => "0".into(),
-    }
 }
 
 /// Where a side's live set was taken, for people: "at the peak of step 2 (events 100 to 200):

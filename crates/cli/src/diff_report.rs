@@ -9,11 +9,12 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::args::{ByArg, DiffArgs, TraceArg};
-use crate::diff::{DEFAULT_TOP, fmt_signed_bytes};
+use torch_arena_lab::diff::delta;
+
+use crate::args::{ByArg, DEFAULT_TOP, DiffArgs, TraceArg};
 use crate::json::to_line;
 use crate::out::CliResult;
-use crate::text::fmt_bytes;
+use crate::text::{fmt_bytes, fmt_signed_bytes};
 
 /// Largest report file read (a report is a few KiB; its `by_module` holds at most 20 rows).
 const MAX_REPORT_BYTES: u64 = 64 << 20;
@@ -125,10 +126,6 @@ struct Row {
     a_bytes: u64,
     b_bytes: u64,
     delta_bytes: i64,
-}
-
-fn delta(a: u64, b: u64) -> i64 {
-    (i128::from(b) - i128::from(a)).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }
 
 /// Rows of `a` and `b` by key (a key missing on one side is 0 there), in `a`'s order then
@@ -422,11 +419,5 @@ mod tests {
             }]
         );
         assert_eq!(same, 1);
-    }
-
-    #[test]
-    fn delta_cannot_wrap() {
-        assert_eq!(delta(0, u64::MAX), i64::MAX);
-        assert_eq!(delta(u64::MAX, 0), i64::MIN);
     }
 }

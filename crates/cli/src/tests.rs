@@ -638,7 +638,7 @@ fn diff_plans_two_sides_from_the_arguments() {
 
 #[test]
 fn signed_bytes_and_counts_for_people() {
-    use crate::diff::{fmt_signed_bytes, fmt_signed_count};
+    use crate::text::{fmt_signed_bytes, fmt_signed_count};
     assert_eq!(fmt_signed_bytes(3 << 29), "+1.50 GiB");
     assert_eq!(fmt_signed_bytes(-512), "-512 B");
     assert_eq!(fmt_signed_bytes(0), "0 B");

@@ -22,6 +22,24 @@ pub(crate) fn fmt_count(n: u64) -> String {
     out
 }
 
+/// "+1.50 GiB", "-512 B", "0 B".
+pub(crate) fn fmt_signed_bytes(d: i64) -> String {
+    match d.signum() {
+        1 => format!("+{}", fmt_bytes(d.unsigned_abs())),
+        -1 => format!("-{}", fmt_bytes(d.unsigned_abs())),
+        _ => "0 B".into(),
+    }
+}
+
+/// "+1,234", "-3", "0".
+pub(crate) fn fmt_signed_count(d: i64) -> String {
+    match d.signum() {
+        1 => format!("+{}", fmt_count(d.unsigned_abs())),
+        -1 => format!("-{}", fmt_count(d.unsigned_abs())),
+        _ => "0".into(),
+    }
+}
+
 pub(crate) fn fmt_rate(per_s: f64) -> String {
     if per_s >= 1e6 {
         format!("{:.2}M", per_s / 1e6)
