@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _ranks, stats
+from . import _cpu_tensors, _ranks, stats
 from ._sizes import format_size
 
 CATEGORIES = (
@@ -83,7 +83,10 @@ def set_devices(devices: Callable[[], list[int]] | None) -> None:
 
 def _serving_index(device: str | None) -> int | None:
     """The torch-arena device that ``device`` names (None: the first it serves), or None where
-    torch-arena serves none (or ``device`` is not a CUDA device)."""
+    torch-arena serves none (or ``device`` is not a CUDA device). ``"cpu"`` names simulated
+    device 0 where it serves CPU tensors (``cpu_tensors:True``)."""
+    if device == "cpu" and _cpu_tensors.active():
+        return 0
     if _devices is None or (device is not None and not device.startswith("cuda")):
         return None
     serving = _devices()
@@ -699,7 +702,8 @@ def explain(
          "remedies": [{"id", "saves_bytes", "why"}], "warnings": [...]}
 
     ``cached_bytes`` and ``unusable_bytes`` are the allocator's, for a device torch-arena serves
-    (None otherwise, and for ``device="cpu"``). ``rank`` and ``world_size`` say which process of
+    (None otherwise, and for ``device="cpu"`` unless torch-arena serves CPU tensors,
+    ``cpu_tensors:True``). ``rank`` and ``world_size`` say which process of
     a job wrote it (:func:`torch_arena._ranks.identity`). The ``smaller_batch`` and
     ``fragmentation`` remedies need the request that failed: they come in the report written at
     out-of-memory (``explain:True``), which adds an ``"oom"`` object.

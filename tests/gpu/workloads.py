@@ -760,11 +760,14 @@ def explain_truth(device: str) -> dict[str, Any]:
     chunk = torch.randint(0, vocab, (8, seq + 1), device=device)
     lm_step(model, opt, chunk, vocab)  # gradients and Adam's state exist from here
 
-    packed: list[torch.Tensor] = []
+    # What autograd saves, by storage. The hook keeps a detached alias, not the tensor itself: a
+    # saved output that packed itself would hold its own grad_fn, a cycle that is never freed.
+    packed: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        packed.append(t)
-        return t
+        st = t.untyped_storage()
+        packed[st.data_ptr()] = st.nbytes()
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = model(chunk[:, :-1])
@@ -772,17 +775,16 @@ def explain_truth(device: str) -> dict[str, Any]:
             logits.reshape(-1, vocab), chunk[:, 1:].reshape(-1)
         )
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = [t for t in packed if t.untyped_storage().data_ptr() not in params]
-    packed.clear()
+    for out in (logits.untyped_storage(), loss.untyped_storage()):
+        packed[out.data_ptr()] = out.nbytes()
     truth = {
         "parameters": _unique_bytes(list(model.parameters()) + list(model.buffers())),
         "gradients": _unique_bytes(p.grad for p in model.parameters() if p.grad is not None),
         "optimizer_state": _unique_bytes(
             v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)
         ),
-        "activations": _unique_bytes(saved + [logits, loss]),
+        "activations": sum(n for ptr, n in packed.items() if ptr not in params),
     }
-    del saved
     report = torch_arena.explain(json=True, device=on)
     del logits, loss
 

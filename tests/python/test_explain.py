@@ -8,6 +8,7 @@ packs during the forward), less the parameters it saves, plus the live outputs.
 """
 
 import json
+import os
 
 import pytest
 from conftest import REPO, run_python
@@ -562,3 +563,62 @@ print(json.dumps(b["categories"]))
     )
     assert out.returncode == 0, out.stderr
     assert "Sequential.0" in out.stdout, out.stdout
+
+
+def test_the_gpu_suites_explain_truth_holds_on_cpu_tensors_from_the_arena(tmp_path):
+    # tests/gpu/workloads.py's explain_truth, run on the CPU with the simulated device serving
+    # every CPU tensor (cpu_tensors:True): a real TinyLM with Adam, categories against ground
+    # truths, no_grad on a planted evaluation loop, and the smaller_batch estimate written at a
+    # real out-of-memory error within 25 % of the largest batch found by trying. The same
+    # checks run on a GPU (scripts/gpu-check).
+    import importlib.util
+    import subprocess
+    import sys
+
+    path = REPO / "tests" / "gpu" / "workloads.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(
+        TORCH_ARENA="1",
+        TORCH_ARENA_CONF="device:sim,sim_backing:True,cpu_tensors:True,explain:True",
+    )
+    proc = subprocess.run(
+        [sys.executable, str(path), "explain_truth", "--device", "cpu"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT ") :])
+    spec = importlib.util.spec_from_file_location("gpu_workloads", path)
+    workloads = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workloads)
+    assert workloads.explain_truth_failures(result) == [], result
+    assert result["oom_report"]["oom"]["batch_that_fits"] < result["too_big"]
+
+
+def test_with_cpu_tensors_the_cpu_report_has_the_arenas_figures():
+    r = run_python(
+        """
+import json, torch, torch_arena
+a = torch.empty(3 << 20, dtype=torch.uint8)
+b = torch.empty(5 << 20, dtype=torch.uint8)
+del a
+r = torch_arena.explain(json=True, device="cpu")
+p = torch_arena.pages(0)
+allocated = torch_arena.memory_allocated(0)
+print(json.dumps({"r": r, "p": p, "allocated": allocated}))
+""",
+        REPO,
+        TORCH_ARENA="1",
+        TORCH_ARENA_CONF="device:sim,sim_backing:True,cpu_tensors:True",
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    rep, p = got["r"], got["p"]
+    assert rep["categories"]["other"] == 5 << 20
+    assert rep["cached_bytes"] == p["idle_mapped_bytes"] + p["pooled_bytes"]
+    assert rep["unusable_bytes"] == p["held_bytes"] + p["in_use_bytes"] - got["allocated"]
+    assert not any("does not serve this device" in w for w in rep["warnings"])
