@@ -175,6 +175,9 @@ def test_pool_mode_serves_a_block_from_the_arena_under_the_native_allocator(work
     assert r["native_allocated"] >= (1 << 12) + 4 * MiB + 32 * MiB + 8 * MiB
     assert r["native_stats_keys"] >= 122 and r["native_summary_ok"]
     assert r["snapshot"]["ok"], r["snapshot"]
+    # explain() counts the pool's tensors with the others and says what it cannot know.
+    assert r["explain_other"] >= 4 * ((1 << 10) + 2 * MiB + 8 * MiB), r
+    assert r["explain_cached"] is None and r["explain_warns_not_served"], r
 
 
 # ---------------------------------------------------------------------------------------------

@@ -417,6 +417,14 @@ def pool(device: str) -> dict[str, Any]:
     out["native_stats_keys"] = len(torch.cuda.memory_stats())
     out["native_summary_ok"] = "PyTorch CUDA memory summary" in torch.cuda.memory_summary()
     out["snapshot"] = outcome(lambda: len(torch.cuda.memory._snapshot()["segments"]))
+    # explain() in pool mode: the tensors are PyTorch's to count (torch-arena is not the
+    # device's allocator, so it has no cached or unusable bytes to give, and says so).
+    report = torch_arena.explain(json=True, device="cuda")
+    out["explain_other"] = report["categories"]["other"]
+    out["explain_cached"] = report["cached_bytes"]
+    out["explain_warns_not_served"] = any(
+        "does not serve this device" in w for w in report["warnings"]
+    )
     del inside, more, outside
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
