@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 22] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -49,6 +49,7 @@ const KEYS: [&str; 21] = [
     "sites_every",
     "sites_min_kb",
     "leaks",
+    "explain",
     "leak_warmup",
     "leak_age",
     "cpu_tensors",
@@ -366,7 +367,7 @@ fn unknown_key_suggests_and_lists_every_key() {
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
          page_size_mb, handle_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, \
-         driver_costs, sites, sites_every, sites_min_kb, leaks, leak_warmup, leak_age, \
+         driver_costs, sites, sites_every, sites_min_kb, leaks, explain, leak_warmup, leak_age, \
          cpu_tensors"
     );
     fails_with(
@@ -396,7 +397,7 @@ fn cpu_tensors_needs_a_simulated_device_backed_by_host_memory() {
         parse("device:sim,sim_backing:True,cpu_tensors:True").to_string(),
         "device:sim,sim_capacity_mb:81920,sim_backing:True,sim_granularity_kb:2048,sim_vmm:True,\
          sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
-         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
+         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,explain:False,leak_warmup:2,\
          leak_age:0,cpu_tensors:True"
     );
     for (text, lacks) in [
@@ -568,7 +569,7 @@ fn display_prints_the_grammar() {
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
          sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
-         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,leak_warmup:2,\
+         slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,explain:False,leak_warmup:2,\
          leak_age:0,cpu_tensors:False"
     );
 }
