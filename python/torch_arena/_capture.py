@@ -30,15 +30,14 @@ def conf_int(items: dict[str, str], key: str, default: int) -> int:
         return default
 
 
-def conf() -> dict[str, str]:
-    """key -> value of the configuration in force."""
-    return _native.conf_items(_native.installed_conf())
+def conf(text: str | None = None) -> dict[str, str]:
+    """key -> value of ``text`` (default: the configuration in force)."""
+    return _native.conf_items(_native.installed_conf() if text is None else text)
 
 
 def leaks_configured(text: str | None = None) -> bool:
     """Whether ``text`` (default: the configuration in force) has ``leaks:True``."""
-    items = _native.conf_items(_native.installed_conf() if text is None else text)
-    return items.get("leaks", "False") == "True"
+    return conf(text).get("leaks", "False") == "True"
 
 
 def configured_sites() -> tuple[str, int, int]:

@@ -26,7 +26,7 @@ report is written as JSON beside the snapshot (``….explain.json``; without a s
 
 import os
 
-from . import _capture, _native, _paths
+from . import _capture, _cpu_tensors, _native, _paths
 
 __all__ = ["install", "snapshot_path"]
 
@@ -37,14 +37,10 @@ OOM_PREFIX = "CUDA out of memory."
 _installed = False
 
 
-def _items(conf: str | None) -> dict[str, str]:
-    return _native.conf_items(_native.installed_conf() if conf is None else conf)
-
-
 def explain_configured(conf: str | None = None) -> bool:
     """Whether ``conf`` (default: the configuration in force) asks for explain() at OOM:
     ``explain:True`` or ``leaks:True``."""
-    items = _items(conf)
+    items = _capture.conf(conf)
     return "True" in (items.get("explain"), items.get("leaks"))
 
 
@@ -54,7 +50,7 @@ def snapshot_path(conf: str | None = None) -> str | None:
     if name is not None:
         name = name.strip()
         return None if name in ("", "0") else _paths.expand(name)
-    if _capture.leaks_configured(conf) or _items(conf).get("explain") == "True":
+    if _capture.leaks_configured(conf) or _capture.conf(conf).get("explain") == "True":
         return _paths.expand(DEFAULT_NAME)
     return None
 
@@ -102,7 +98,7 @@ def _explain_line(device: int, size: int, snapshot: str | None) -> str:
     from . import _explain
 
     try:
-        on = "cpu" if _items(None).get("cpu_tensors") == "True" else f"cuda:{device}"
+        on = "cpu" if _cpu_tensors.active() else f"cuda:{device}"
         report = _explain.report_at_oom(device, size, on)
     except Exception as exc:
         return f"torch-arena explain: no report ({type(exc).__name__}: {exc})"

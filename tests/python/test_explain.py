@@ -29,6 +29,22 @@ def storages(tensors):
 def total(d):
     return sum(d.values())
 
+def saved_truth(forward):
+    '''Run forward(x) and a loss on it under saved_tensors_hooks: (out, loss, the bytes of the
+    storages autograd packed, parameters left out, and of out and loss). The hook keeps a
+    detached alias: a saved output packed as itself would hold its own grad_fn, a cycle never
+    freed.'''
+    packed = []
+    def pack(t):
+        packed.append(t.detach())
+        return packed[-1]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward(x)
+        loss = out.square().mean()
+    params = storages(model.parameters())
+    saved = {k: v for k, v in storages(packed).items() if k not in params}
+    return out, loss, total({**saved, **storages([out, loss])})
+
 model = torch.nn.Sequential(
     torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64), torch.nn.Tanh()
 )
@@ -72,17 +88,7 @@ print(json.dumps({"got": r["categories"], "truth": truth, "remedies": r["remedie
 def test_activations_are_what_autograd_saved_for_the_backward_to_come():
     got = run(
         """
-packed = []
-def pack(t):
-    packed.append(t)
-    return t
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-    out = model(x)
-    loss = out.square().mean()
-params = storages(model.parameters())
-saved = {k: v for k, v in storages(packed).items() if k not in params}
-truth = total({**saved, **storages([out, loss])})
-del packed
+out, loss, truth = saved_truth(model)
 r = torch_arena.explain(json=True, device="cpu")
 before = r["categories"]["activations"]
 loss.backward()
@@ -496,17 +502,7 @@ def test_under_torch_compile_the_compiled_graphs_saved_tensors_are_activations()
 import warnings
 cm = torch.compile(model)
 cm(x)  # compiled here; the second call reuses it
-packed = []
-def pack(t):
-    packed.append(t)
-    return t
-with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-    out = cm(x)
-    loss = out.square().mean()
-params = storages(model.parameters())
-saved = {k: v for k, v in storages(packed).items() if k not in params}
-truth = total({**saved, **storages([out, loss])})
-del packed
+out, loss, truth = saved_truth(cm)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     r = torch_arena.explain(json=True, device="cpu")

@@ -9,15 +9,16 @@ use std::path::PathBuf;
 use serde::Serialize;
 use torch_arena_lab::Trace;
 use torch_arena_lab::diff::{self as lib, By, Diff, Moment, Row, Side, Span, delta, unavailable};
-use torch_arena_lab::plot::{self, Line, Mark, Panel, Style, XAxis};
+use torch_arena_lab::plot::{Line, Mark, Panel, Style, XAxis};
 
 use crate::args::DEFAULT_TOP;
 use crate::args::{ByArg, DiffArgs, TraceArg, usage_of};
 use crate::json::to_line;
 use crate::out::CliResult;
 use crate::replay_plot::write_plot;
+use crate::replay_run::check_plot_file;
 use crate::text::{
-    fmt_bytes, fmt_count, fmt_signed_bytes, fmt_signed_count, source_key, source_name,
+    columns, fmt_bytes, fmt_count, fmt_signed_bytes, fmt_signed_count, source_key, source_name,
 };
 
 /// The plot's x axis: this many units stand for a whole run (or step).
@@ -185,15 +186,7 @@ pub(crate) fn diff_command(a: DiffArgs) -> CliResult<u8> {
 /// `--plot FILE`: its extension known and its folder there, before any trace is read.
 fn check_plot(p: &str) -> CliResult<PathBuf> {
     let path = PathBuf::from(p);
-    plot::Format::from_path(&path).map_err(|e| format!("--plot: {e}"))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
-        return Err(format!(
-            "--plot '{p}': the folder '{}' does not exist",
-            dir.display()
-        ));
-    }
+    check_plot_file(p, &path)?;
     Ok(path)
 }
 
@@ -265,21 +258,8 @@ fn print_text(
         ],
     ];
     outln!()?;
-    let w0 = rows.iter().map(|r| r[0].chars().count()).max().unwrap_or(0);
-    let w: Vec<usize> = (1..4)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        outln!(
-            "  {:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}",
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            w1 = w[0],
-            w2 = w[1],
-            w3 = w[2]
-        )?;
+    for line in columns(&rows, &[true, false, false, false]) {
+        outln!("{line}")?;
     }
     outln!()?;
     let plural = |n: usize| if n == 1 { "" } else { "s" };
@@ -299,39 +279,22 @@ fn print_text(
         "allocations".into(),
         by.as_str().into(),
     ];
-    // One set of column widths for both tables.
-    let w: Vec<usize> = (0..4)
-        .map(|c| {
-            grew.iter()
-                .chain(&shrank)
-                .chain(std::iter::once(&head))
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    // One set of column widths for both tables: laid out together, then split.
+    let all: Vec<&[String; 5]> = std::iter::once(&head).chain(&grew).chain(&shrank).collect();
+    let lines = columns(&all, &[false; 4]);
+    let (head_line, rest) = lines.split_first().expect("the header is a row");
+    let (grew_lines, shrank_lines) = rest.split_at(grew.len());
     for (title, list, table) in [
-        ("grew (most bytes added first)", &d.grew, &grew),
-        ("shrank (most bytes removed first)", &d.shrank, &shrank),
+        ("grew (most bytes added first)", &d.grew, grew_lines),
+        ("shrank (most bytes removed first)", &d.shrank, shrank_lines),
     ] {
         if list.is_empty() {
             continue;
         }
         outln!()?;
         outln!("{title}:")?;
-        for r in std::iter::once(&head).chain(table) {
-            outln!(
-                "  {:>w0$}  {:>w1$}  {:>w2$}  {:>w3$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2],
-                w3 = w[3]
-            )?;
+        for line in std::iter::once(head_line).chain(table) {
+            outln!("{line}")?;
         }
         if list.len() > top {
             let hidden = list.len() - top;

@@ -14,7 +14,7 @@ use torch_arena_lab::diff::delta;
 use crate::args::{ByArg, DEFAULT_TOP, DiffArgs, TraceArg};
 use crate::json::to_line;
 use crate::out::CliResult;
-use crate::text::{fmt_bytes, fmt_signed_bytes};
+use crate::text::{columns, fmt_bytes, fmt_signed_bytes};
 
 /// Largest report file read (a report is a few KiB; its `by_module` holds at most 20 rows).
 const MAX_REPORT_BYTES: u64 = 64 << 20;
@@ -307,21 +307,8 @@ pub(crate) fn diff_reports(a: &DiffArgs, [ra, rb]: [Report; 2]) -> CliResult<u8>
         ],
     ];
     outln!()?;
-    let w: Vec<usize> = (0..4)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        outln!(
-            "  {:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}",
-            r[0],
-            r[1],
-            r[2],
-            r[3],
-            w0 = w[0],
-            w1 = w[1],
-            w2 = w[2],
-            w3 = w[3]
-        )?;
+    for line in columns(&rows, &[true, false, false, false]) {
+        outln!("{line}")?;
     }
     outln!()?;
     outln!(
@@ -338,39 +325,19 @@ pub(crate) fn diff_reports(a: &DiffArgs, [ra, rb]: [Report; 2]) -> CliResult<u8>
         }
         outln!()?;
         outln!("{title}:")?;
-        let cells: Vec<[String; 4]> = list[..top.min(list.len())]
-            .iter()
-            .map(|r| {
+        let head = ["change".to_string(), "A".into(), "B".into(), by.into()];
+        let table: Vec<[String; 4]> = std::iter::once(head)
+            .chain(list[..top.min(list.len())].iter().map(|r| {
                 [
                     fmt_signed_bytes(r.delta_bytes),
                     fmt_bytes(r.a_bytes),
                     fmt_bytes(r.b_bytes),
                     r.key.clone(),
                 ]
-            })
+            }))
             .collect();
-        let head = ["change".to_string(), "A".into(), "B".into(), by.into()];
-        let w: Vec<usize> = (0..3)
-            .map(|c| {
-                cells
-                    .iter()
-                    .chain(std::iter::once(&head))
-                    .map(|r| r[c].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        for r in std::iter::once(&head).chain(&cells) {
-            outln!(
-                "  {:>w0$}  {:>w1$}  {:>w2$}  {}",
-                r[0],
-                r[1],
-                r[2],
-                r[3],
-                w0 = w[0],
-                w1 = w[1],
-                w2 = w[2]
-            )?;
+        for line in columns(&table, &[false; 3]) {
+            outln!("{line}")?;
         }
         if list.len() > top {
             outln!("  ... and {} more", list.len() - top)?;

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::args::MergeArgs;
 use crate::json::to_line;
 use crate::out::CliResult;
-use crate::text::fmt_bytes;
+use crate::text::{columns, fmt_bytes};
 
 /// `torch_arena._explain.CATEGORIES`, the order of an explain table's columns (categories a
 /// file has beyond these follow, sorted by name; then `total`).
@@ -498,31 +498,18 @@ pub(crate) fn render(t: &Table) -> String {
             .chain(ratios)
             .collect(),
     );
-    let widths: Vec<usize> = (0..head.len())
-        .map(|i| {
-            std::iter::once(&head)
-                .chain(&body)
-                .map(|row| row[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let line = |cells: &[String]| {
-        let rest: Vec<String> = cells[1..]
-            .iter()
-            .zip(&widths[1..])
-            .map(|(c, w)| format!("{c:>w$}"))
-            .collect();
-        format!("  {:<w$}  {}", cells[0], rest.join("  "), w = widths[0])
-    };
+    // The rank (or statistic) column left-aligned, the figures right-aligned.
+    let left: Vec<bool> = (0..head.len()).map(|c| c == 0).collect();
     let mut lines = vec![format!(
         "torch-arena: {}, {} of {} rank(s)",
         t.kind.title(),
         t.rows.len(),
         t.world_size
     )];
-    lines.push(line(&head));
-    lines.extend(body.iter().map(|row| line(row)));
+    lines.extend(columns(
+        &std::iter::once(&head).chain(&body).collect::<Vec<_>>(),
+        &left,
+    ));
     let (col, s) = headline(t);
     lines.push(match s.hundredths {
         None => format!("imbalance: none, every rank has {} {col}", cell(col, 0)),

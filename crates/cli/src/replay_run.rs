@@ -116,17 +116,7 @@ impl ReplaySettings {
     /// Check the plot file name before any work: its extension, and that its folder exists.
     pub(crate) fn check_plot(&self) -> CliResult<()> {
         let Some(p) = &self.plot else { return Ok(()) };
-        let path = PathBuf::from(p.replace("{trace}", "x"));
-        plot::Format::from_path(&path).map_err(|e| format!("--plot: {e}"))?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-            && !dir.is_dir()
-        {
-            return Err(format!(
-                "--plot '{p}': the folder '{}' does not exist",
-                dir.display()
-            ));
-        }
-        Ok(())
+        check_plot_file(p, &PathBuf::from(p.replace("{trace}", "x")))
     }
 }
 
@@ -390,4 +380,19 @@ impl Emulated {
     pub(crate) fn label(&self) -> String {
         emulation_label(self.conf.as_deref())
     }
+}
+
+/// `--plot` as given (`given`, named in errors) and the file it would write (`path`), checked
+/// before any work: an extension the plot module writes, and a folder that exists.
+pub(crate) fn check_plot_file(given: &str, path: &Path) -> CliResult<()> {
+    plot::Format::from_path(path).map_err(|e| format!("--plot: {e}"))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(format!(
+            "--plot '{given}': the folder '{}' does not exist",
+            dir.display()
+        ));
+    }
+    Ok(())
 }

@@ -648,3 +648,20 @@ fn signed_bytes_and_counts_for_people() {
     assert_eq!(fmt_signed_count(-3), "-3");
     assert_eq!(fmt_signed_count(0), "0");
 }
+
+#[test]
+fn columns_pad_text_left_figures_right_and_leave_free_text_alone() {
+    use crate::text::columns;
+    let rows = [
+        ["".to_string(), "A".into(), "note".into()],
+        ["live tensors".to_string(), "1.50 GiB".into(), "x".into()],
+    ];
+    assert_eq!(
+        columns(&rows, &[true, false]),
+        [
+            // 12 spaces for the empty label, 7 before "A" in the 8-wide figure column.
+            format!("  {}  {}A  note", " ".repeat(12), " ".repeat(7)),
+            "  live tensors  1.50 GiB  x".to_string(),
+        ]
+    );
+}

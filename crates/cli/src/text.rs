@@ -135,6 +135,35 @@ pub(crate) fn nb(s: String) -> String {
     s.replace(' ', "\u{a0}")
 }
 
+/// `rows` as lines of columns: a two-space indent, then each cell two spaces from the last;
+/// column `c` padded to the column's widest cell, on the left where `left[c]` (text), else on
+/// the right (figures). Cells past `left.len()` are free text, not padded.
+pub(crate) fn columns<R: AsRef<[String]>>(rows: &[R], left: &[bool]) -> Vec<String> {
+    let widths: Vec<usize> = (0..left.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.as_ref()[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r
+                .as_ref()
+                .iter()
+                .enumerate()
+                .map(|(c, cell)| match (left.get(c), widths.get(c)) {
+                    (Some(true), Some(&w)) => format!("{cell:<w$}"),
+                    (Some(false), Some(&w)) => format!("{cell:>w$}"),
+                    _ => cell.clone(),
+                })
+                .collect();
+            format!("  {}", cells.join("  "))
+        })
+        .collect()
+}
+
 /// Print `rows` as a table: first row the header, first column left-aligned, the others
 /// right-aligned except the last (a free-text note).
 pub(crate) fn print_table(rows: &[Vec<String>]) -> CliResult<()> {

@@ -464,39 +464,18 @@ pub fn series(trace: &Trace, span: Span, max_points: usize) -> Vec<(usize, u64)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Event, Kind, StepMarks};
+    use crate::StepMarks;
+    use crate::live::tests::ev;
 
-    fn ev(op: Op, id: u64, size: u64, site: u32) -> Event {
-        Event {
-            op,
-            id,
-            size,
-            stream: 0,
-            time_us: 0,
-            site,
-        }
-    }
-
-    fn trace(events: Vec<Event>, ends: Option<Vec<usize>>) -> Trace {
+    /// live.rs's hand-built trace, with step ends when given.
+    fn trace(events: Vec<crate::Event>, ends: Option<Vec<usize>>) -> Trace {
         Trace {
-            name: "t".into(),
-            source: Source::Synthetic,
-            kind: Kind::Fresh,
-            device: 0,
-            seeded: 0,
-            events,
-            sites: vec![
-                "unknown".into(),
-                "train.py:10 in forward".into(),
-                "train.py:20 in step".into(),
-                "cache.py:5 in get".into(),
-            ],
-            native: None,
             steps: ends.map(|ends| StepMarks {
                 marker: "hand".into(),
                 ends,
                 before_window: 0,
             }),
+            ..crate::live::tests::trace(events)
         }
     }
 

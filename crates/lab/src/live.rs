@@ -195,11 +195,12 @@ pub fn json(set: &LiveSet, top: usize) -> LiveJson<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Event, Kind, Source};
 
-    fn ev(op: Op, id: u64, size: u64, site: u32) -> Event {
+    /// An event of the hand-built traces (stream 0, no clock); also diff.rs's tests'.
+    pub(crate) fn ev(op: Op, id: u64, size: u64, site: u32) -> Event {
         Event {
             op,
             id,
@@ -210,7 +211,8 @@ mod tests {
         }
     }
 
-    fn trace(events: Vec<Event>) -> Trace {
+    /// A synthetic trace of `events` with three sites (1 and 2 in train.py, 3 in cache.py).
+    pub(crate) fn trace(events: Vec<Event>) -> Trace {
         Trace {
             name: "t".into(),
             source: Source::Synthetic,
