@@ -26,7 +26,8 @@
 //! multiplies the pairs per batch (for profiling); `TORCH_ARENA_BENCH_SKIP=system` (or `arena`)
 //! skips that side (for profiling one alone); `TORCH_ARENA_BENCH_NO_JSON=1` writes no
 //! JSON. `TORCH_ARENA_BENCH_CHILD=MIX/LIVE/THREADS/SIDE` (e.g. `full/1000/1/arena`, SIDE one of
-//! arena, system, harness, or by hand `shards` and `shards-stats`: see [`Shards`]) runs one side
+//! arena, system, harness, or by hand `shards` and `shards-stats` (see [`Shards`]) and
+//! `arena-one-stream` (the arena side with every thread on stream 1: `bench/threads`) runs one side
 //! of one configuration in this process and prints its
 //! figures, which is what the parent does in each child; run the bench binary that way under
 //! `perf record` to profile a single configuration. The child also prints `PAIRS n`, the pairs
@@ -450,6 +451,9 @@ struct Plan<'a> {
     mix: &'a Mix,
     live: usize,
     threads: usize,
+    /// Every thread allocates on stream 1 (PyTorch's main and autograd threads on one device's
+    /// current stream), not each on its own.
+    one_stream: bool,
     pairs: usize,
     warmup: usize,
     batches: usize,
@@ -494,7 +498,7 @@ fn run<A: Resource + Sync>(
         for t in 0..p.threads {
             let (barrier, failed, fail) = (&barrier, &failed, &fail);
             scope.spawn(move || {
-                let stream = t as u64 + 1;
+                let stream = if p.one_stream { 1 } else { t as u64 + 1 };
                 let mut rng = SplitMix(SEED ^ (t as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
                 let mut live: Vec<(u64, u64)> = Vec::with_capacity(per_thread);
                 barrier.wait();
@@ -726,6 +730,7 @@ fn plan(mix: &Mix, live: usize, threads: usize, scale: f64) -> Plan<'_> {
         mix,
         live,
         threads,
+        one_stream: false,
         pairs: pairs_for(live, scale),
         warmup: WARMUP_BATCHES,
         batches: MEASURED_BATCHES,
@@ -749,9 +754,10 @@ fn measure_side(
     scale: f64,
     side: &str,
 ) -> Result<Side, String> {
-    let plan = plan(mix, live, threads, scale);
+    let mut plan = plan(mix, live, threads, scale);
+    plan.one_stream = side == "arena-one-stream";
     let mut out = match side {
-        "arena" => {
+        "arena" | "arena-one-stream" => {
             let (dev, arena) = sim_arena(mix, live)?;
             let maps = || {
                 let c: DriverCounters = dev.counters();
