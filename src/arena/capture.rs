@@ -66,7 +66,7 @@ impl Arena {
 
     /// [`Arena::malloc_pool`], with the block's size and number ([`Block`]).
     pub fn alloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<Block> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock_hot();
         if !g.pools.get(&id).is_some_and(|p| p.recording) {
             tracing::debug!(
                 target: LOG_TARGET,
