@@ -6,12 +6,12 @@ use super::*;
 
 /// Pause instructions a contended request spins for before it sleeps: about 95 µs on the
 /// 2-vCPU EPYC VM (25 ns a pause there), some hundreds of the lock's hot sections, and two
-/// driver calls that map pages (about 50 µs on the H200, `bench/costs/h200.txt`). A sixth of it
-/// (15 µs) was not enough: the holder lets go and takes the lock again between two of the
-/// waiter's tries, for many requests in a row, and the waiter then sleeps. Medians of five
-/// runs of the pairs benchmark (`bench/results/threads-2026-11-28-spin.txt`), total throughput
-/// against one thread's: 2 threads 0.79x with no spin, 0.87x with 600 pauses, 0.89x with this;
-/// 4 threads 0.69x, 0.75x, 0.90x; 2 threads on one stream 0.61x, 0.68x, 0.71x.
+/// driver calls that map pages (about 50 µs on the H200, `bench/costs/h200.txt`). Measured with
+/// the pairs benchmark, total throughput against one thread's, medians of five interleaved runs
+/// (BENCHMARKS.md, "Threads"): while the VM was loaded, 2 threads 0.79x with no spin, 0.87x
+/// with 600 pauses, 0.89x with this; 4 threads 0.69x, 0.75x, 0.90x; 2 threads on one stream
+/// 0.61x, 0.68x, 0.71x. While it was quiet the three budgets were alike (0.94-0.96x,
+/// 0.94-0.98x, 0.80-0.82x).
 const SPIN_PAUSES: u32 = 4000;
 
 impl Arena {
