@@ -157,6 +157,58 @@ pub struct Live {
     pub pattern: u64,
 }
 
+impl Live {
+    /// Offsets checked in an allocation: its first and last 8 bytes and one word in every page,
+    /// none overlapping another (a page's word within 8 bytes of the last word would be
+    /// overwritten by it, and read back as lost).
+    pub fn probe_offsets(size: u64) -> Vec<u64> {
+        let mut v = vec![0];
+        let mut off = PAGE - 8;
+        while off + 16 <= size {
+            v.push(off);
+            off += PAGE;
+        }
+        if size >= 8 {
+            v.push(size - 8);
+        }
+        v
+    }
+
+    pub fn write_pattern(&self) {
+        if self.size < 16 {
+            unsafe {
+                std::ptr::write_bytes(self.ptr as *mut u8, self.pattern as u8, self.size as usize)
+            };
+            return;
+        }
+        for off in Self::probe_offsets(self.size) {
+            unsafe { std::ptr::write_unaligned((self.ptr + off) as *mut u64, self.pattern ^ off) };
+        }
+    }
+
+    pub fn check_pattern(&self) -> Result<(), String> {
+        if self.size < 16 {
+            for i in 0..self.size {
+                let b = unsafe { *((self.ptr + i) as *const u8) };
+                if b != self.pattern as u8 {
+                    return Err(format!("byte {i} of {:#x} changed", self.ptr));
+                }
+            }
+            return Ok(());
+        }
+        for off in Self::probe_offsets(self.size) {
+            let v = unsafe { std::ptr::read_unaligned((self.ptr + off) as *const u64) };
+            if v != self.pattern ^ off {
+                return Err(format!(
+                    "allocation {:#x}+{} lost its pattern at offset {off}",
+                    self.ptr, self.size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Two devices of one backend, an arena on each, and the model's live allocations.
 pub struct Rig<G: TestGpu> {
     pub gpus: Vec<G>,
@@ -178,54 +230,6 @@ impl<G: TestGpu> Rig<G> {
             live: Vec::new(),
             next_pattern: 1,
         }
-    }
-
-    /// Offsets checked in an allocation: its first and last 8 bytes and one word in every page,
-    /// none overlapping another (a page's word within 8 bytes of the last word would be
-    /// overwritten by it, and read back as lost).
-    pub fn probe_offsets(size: u64) -> Vec<u64> {
-        let mut v = vec![0];
-        let mut off = PAGE - 8;
-        while off + 16 <= size {
-            v.push(off);
-            off += PAGE;
-        }
-        if size >= 8 {
-            v.push(size - 8);
-        }
-        v
-    }
-
-    pub fn write_pattern(l: &Live) {
-        if l.size < 16 {
-            unsafe { std::ptr::write_bytes(l.ptr as *mut u8, l.pattern as u8, l.size as usize) };
-            return;
-        }
-        for off in Self::probe_offsets(l.size) {
-            unsafe { std::ptr::write_unaligned((l.ptr + off) as *mut u64, l.pattern ^ off) };
-        }
-    }
-
-    pub fn check_pattern(l: &Live) -> Result<(), String> {
-        if l.size < 16 {
-            for i in 0..l.size {
-                let b = unsafe { *((l.ptr + i) as *const u8) };
-                if b != l.pattern as u8 {
-                    return Err(format!("byte {i} of {:#x} changed", l.ptr));
-                }
-            }
-            return Ok(());
-        }
-        for off in Self::probe_offsets(l.size) {
-            let v = unsafe { std::ptr::read_unaligned((l.ptr + off) as *const u64) };
-            if v != l.pattern ^ off {
-                return Err(format!(
-                    "allocation {:#x}+{} lost its pattern at offset {off}",
-                    l.ptr, l.size
-                ));
-            }
-        }
-        Ok(())
     }
 
     pub fn apply(&mut self, op: &Op) -> Result<(), String> {
@@ -263,12 +267,12 @@ impl<G: TestGpu> Rig<G> {
                     .next_pattern
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                Self::write_pattern(&l);
+                l.write_pattern();
                 self.live.push(l);
             }
             Op::Free { pick } if !self.live.is_empty() => {
                 let l = self.live.swap_remove(pick % self.live.len());
-                Self::check_pattern(&l)?;
+                l.check_pattern()?;
                 self.arenas[l.dev]
                     .free(l.ptr, Some(l.size), l.stream)
                     .map_err(|e| e.to_string())?;
@@ -311,7 +315,7 @@ impl<G: TestGpu> Rig<G> {
             let mut spans: BTreeMap<u64, u64> = BTreeMap::new();
             let (mut count, mut requested, mut allocated) = (0i64, 0i64, 0i64);
             for l in self.live.iter().filter(|l| l.dev == dev) {
-                Self::check_pattern(l)?;
+                l.check_pattern()?;
                 spans.insert(l.ptr, l.size);
                 count += 1;
                 requested += l.size as i64;
@@ -367,7 +371,7 @@ impl<G: TestGpu> Rig<G> {
     /// Free everything, let the GPU finish, trim: nothing may be held afterwards.
     pub fn drain(&mut self) -> Result<(), String> {
         for l in std::mem::take(&mut self.live) {
-            Self::check_pattern(&l)?;
+            l.check_pattern()?;
             self.arenas[l.dev]
                 .free(l.ptr, Some(l.size), l.stream)
                 .map_err(|e| e.to_string())?;
