@@ -4,7 +4,7 @@
 // visible across the dlopen boundary, and PyTorch does not know it anyway).
 //
 // usage: torch_arena_harness <path/to/libtorch_arena.so>
-//            <threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream>
+//            <threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream|bench_threads>
 // The library reads its configuration from TORCH_ARENA_CONF (the test sets a simulated device;
 // graph_cuda sets device:cuda and FAKE_LIBCUDA, the fake driver the harness loads first).
 // Prints "harness <scenario>: ok" and exits 0 on success; prints the failed check and exits 1.
@@ -1341,13 +1341,121 @@ int scenario_mixed(const Lib& lib, void* h, bool one_stream) {
               admin_calls.load(), backing ? 1 : 0);
   return 0;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scenario "bench_threads": not a test, the threads issue's benchmark through the C ABI
+// (bench/abi-threads runs it). BENCH_THREADS threads (default 1), each with BENCH_LIVE live
+// blocks (default 1000) on its own stream, or all on stream 1 with BENCH_ONE_STREAM=1, replace a
+// random live block with a new one of a size drawn from the mix in TORCH_ARENA_SIZE_MIX (the
+// `size<TAB>count` file bench/run writes) for BENCH_SECONDS (default 3) after filling. Sizes and
+// victims are drawn before the clock starts. Prints the pairs of all threads per second.
+
+long env_long(const char* name, long dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n <= 0) fail(std::string(name) + " must be a positive whole number, not '" + v + "'");
+  return n;
+}
+
+int scenario_bench_threads(const Lib& lib) {
+  lib.init(1);
+  const int threads = static_cast<int>(env_long("BENCH_THREADS", 1));
+  const size_t live_n = static_cast<size_t>(env_long("BENCH_LIVE", 1000));
+  const double seconds = static_cast<double>(env_long("BENCH_SECONDS", 3));
+  const char* one = std::getenv("BENCH_ONE_STREAM");
+  const bool one_stream = one != nullptr && std::strcmp(one, "1") == 0;
+  const char* mix_path = std::getenv("TORCH_ARENA_SIZE_MIX");
+  if (mix_path == nullptr) fail("TORCH_ARENA_SIZE_MIX is not set (bench/run writes target/size-mix.tsv)");
+  std::FILE* f = std::fopen(mix_path, "r");
+  if (f == nullptr) fail(std::string("cannot open ") + mix_path);
+  std::vector<size_t> sizes;
+  std::vector<double> cumulative;
+  double total = 0;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (line[0] == '#') continue;
+    unsigned long long size = 0, count = 0;
+    if (std::sscanf(line, "%llu %llu", &size, &count) != 2 || size == 0 || count == 0) continue;
+    total += static_cast<double>(count);
+    sizes.push_back(static_cast<size_t>(size));
+    cumulative.push_back(total);
+  }
+  std::fclose(f);
+  if (sizes.empty()) fail(std::string("no sizes in ") + mix_path);
+
+  constexpr size_t kDrawn = 1 << 16;
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false}, stop{false}, failed{false};
+  std::vector<uint64_t> pairs(static_cast<size_t>(threads), 0);
+  auto worker = [&](int tid) {
+    std::mt19937_64 rng(static_cast<uint64_t>(tid) * 7919 + 17);
+    std::uniform_real_distribution<double> u(0, total);
+    auto draw = [&]() {
+      const size_t i = static_cast<size_t>(std::lower_bound(cumulative.begin(), cumulative.end(), u(rng)) - cumulative.begin());
+      return sizes[std::min(i, sizes.size() - 1)];
+    };
+    const cudaStream_t stream = stream_of(one_stream ? 1 : static_cast<uintptr_t>(tid) + 1);
+    std::vector<std::pair<void*, size_t>> live;
+    std::vector<size_t> drawn(kDrawn), victims(kDrawn);
+    try {
+      for (size_t i = 0; i < live_n; ++i) {
+        const size_t size = draw();
+        live.emplace_back(lib.alloc(size, 0, stream), size);
+      }
+      for (size_t i = 0; i < kDrawn; ++i) {
+        drawn[i] = draw();
+        victims[i] = static_cast<size_t>(rng() % live_n);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "thread %d: %s\n", tid, e.what());
+      failed = true;
+    }
+    ready.fetch_add(1);
+    while (!go.load()) std::this_thread::yield();
+    uint64_t n = 0;
+    try {
+      while (!failed.load() && !stop.load(std::memory_order_relaxed)) {
+        for (size_t k = 0; k < 1024; ++k, ++n) {
+          const size_t i = n % kDrawn;
+          void* p = lib.alloc(drawn[i], 0, stream);
+          auto& slot = live[victims[i]];
+          lib.free(slot.first, slot.second, 0, stream);
+          slot = {p, drawn[i]};
+        }
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "thread %d: %s\n", tid, e.what());
+      failed = true;
+    }
+    pairs[static_cast<size_t>(tid)] = n;
+    for (auto& b : live) lib.free(b.first, b.second, 0, stream);
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) ts.emplace_back(worker, t);
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  go = true;
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& t : ts) t.join();
+  if (failed.load()) fail("a thread failed (above)");
+  uint64_t all = 0;
+  for (uint64_t n : pairs) all += n;
+  std::printf("bench_threads: threads %d, %s, %zu live each, %llu pairs in %.3f s, %.0f pairs/s, %.1f ns per pair\n",
+              threads, one_stream ? "one stream" : "a stream each", live_n, static_cast<unsigned long long>(all), elapsed,
+              static_cast<double>(all) / elapsed, elapsed * 1e9 / static_cast<double>(all));
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr,
                  "usage: %s <libtorch_arena.so> "
-                 "<threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream>\n",
+                 "<threads|oom|hooks|badfree|hostile|graph|graph_cuda|mixed|mixed_one_stream|bench_threads>\n",
                  argv[0]);
     return 2;
   }
@@ -1383,6 +1491,8 @@ int main(int argc, char** argv) {
     rc = scenario_mixed(lib, h, false);
   } else if (g_scenario == "mixed_one_stream") {
     rc = scenario_mixed(lib, h, true);
+  } else if (g_scenario == "bench_threads") {
+    rc = scenario_bench_threads(lib);
   } else {
     fail("unknown scenario");
   }
