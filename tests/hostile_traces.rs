@@ -6,7 +6,10 @@
 
 #[path = "common/python_pickle.rs"]
 mod python_pickle;
+#[path = "common/rng.rs"]
+mod rng;
 use python_pickle::python_pickle;
+use rng::Rng;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
@@ -505,23 +508,6 @@ fn import_errors_name_file_and_position() {
 
 // ---------------------------------------------------------------------------------------------
 // The mutation fuzzer.
-
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Seeds: (name, bytes, gzip-compressed?).
 fn seeds() -> Vec<(String, Vec<u8>)> {

@@ -312,58 +312,10 @@ impl<G: TestGpu> Rig<G> {
 
     pub fn check(&self) -> Result<(), String> {
         for dev in 0..self.gpus.len() {
-            let mut spans: BTreeMap<u64, u64> = BTreeMap::new();
-            let (mut count, mut requested, mut allocated) = (0i64, 0i64, 0i64);
-            for l in self.live.iter().filter(|l| l.dev == dev) {
-                l.check_pattern()?;
-                spans.insert(l.ptr, l.size);
-                count += 1;
-                requested += l.size as i64;
-                allocated += expected_block(l.size) as i64;
-            }
-            let mut end = 0;
-            for (&p, &s) in &spans {
-                if p < end {
-                    return Err(format!(
-                        "allocation {p:#x} overlaps the previous one (ends {end:#x})"
-                    ));
-                }
-                end = p + s;
-            }
-            let st = self.arenas[dev].stats();
-            let got = (
-                st.allocation.all().current,
-                st.requested_bytes.all().current,
-                st.allocated_bytes.all().current,
-            );
-            if got != (count, requested, allocated) {
-                return Err(format!(
-                    "device {dev}: stats (count, requested, allocated) = {got:?}, model {:?}",
-                    (count, requested, allocated)
-                ));
-            }
-            if st.active.all().current < count {
-                return Err(format!(
-                    "active {} below live count {count}",
-                    st.active.all().current
-                ));
-            }
-            let held = self.gpus[dev].held_bytes() as i64;
-            if st.reserved_bytes.all().current != held {
-                return Err(format!(
-                    "reserved_bytes {} but the device holds {held}",
-                    st.reserved_bytes.all().current
-                ));
-            }
-            if st.allocated_bytes.all().peak < allocated || st.reserved_bytes.all().peak < held {
-                return Err("a peak is below the current value".into());
-            }
-            pools_sum_to_all(&st).map_err(|e| format!("device {dev}: {e}"))?;
-            self.arenas[dev].check_consistency()?;
-            let v = self.gpus[dev].violations();
-            if !v.is_empty() {
-                return Err(format!("stream-safety violations: {v:?}"));
-            }
+            let live = self.live.iter().filter(|l| l.dev == dev);
+            let gpu = &self.gpus[dev];
+            check_arena(&self.arenas[dev], live, gpu.held_bytes(), gpu.violations())
+                .map_err(|e| format!("device {dev}: {e}"))?;
         }
         Ok(())
     }
@@ -440,6 +392,72 @@ pub fn run_with_failures<G: TestGpu>(mut rig: Rig<G>, seed: u64, ops: &[Op]) -> 
         gpu.stop_failing();
     }
     rig.drain()
+}
+
+/// One arena against the allocations the model holds live on it (`live`), the bytes its device
+/// holds for it (`held`) and the stream-safety violations its device saw: every live allocation
+/// still holds its pattern and none overlaps another; the live count, requested and allocated
+/// bytes equal the model's; active is at least the live count; reserved bytes equal `held`; no
+/// peak is below its current value; the pools sum to all; the arena's own consistency check
+/// passes.
+pub fn check_arena<'a>(
+    arena: &Arena,
+    live: impl IntoIterator<Item = &'a Live>,
+    held: u64,
+    violations: Vec<String>,
+) -> Result<(), String> {
+    let mut spans: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut count, mut requested, mut allocated) = (0i64, 0i64, 0i64);
+    for l in live {
+        l.check_pattern()?;
+        spans.insert(l.ptr, l.size);
+        count += 1;
+        requested += l.size as i64;
+        allocated += expected_block(l.size) as i64;
+    }
+    let mut end = 0;
+    for (&p, &s) in &spans {
+        if p < end {
+            return Err(format!(
+                "allocation {p:#x} overlaps the previous one (ends {end:#x})"
+            ));
+        }
+        end = p + s;
+    }
+    let st = arena.stats();
+    let got = (
+        st.allocation.all().current,
+        st.requested_bytes.all().current,
+        st.allocated_bytes.all().current,
+    );
+    if got != (count, requested, allocated) {
+        return Err(format!(
+            "stats (count, requested, allocated) = {got:?}, model {:?}",
+            (count, requested, allocated)
+        ));
+    }
+    if st.active.all().current < count {
+        return Err(format!(
+            "active {} below live count {count}",
+            st.active.all().current
+        ));
+    }
+    let held = held as i64;
+    if st.reserved_bytes.all().current != held {
+        return Err(format!(
+            "reserved_bytes {} but the device holds {held}",
+            st.reserved_bytes.all().current
+        ));
+    }
+    if st.allocated_bytes.all().peak < allocated || st.reserved_bytes.all().peak < held {
+        return Err("a peak is below the current value".into());
+    }
+    pools_sum_to_all(&st)?;
+    arena.check_consistency()?;
+    if !violations.is_empty() {
+        return Err(format!("stream-safety violations: {violations:?}"));
+    }
+    Ok(())
 }
 
 /// PyTorch's invariant of `memory_stats()`: every update of a pool's stat also updates the

@@ -13,7 +13,8 @@
 //!   device holds, and the arena's own consistency check passes;
 //! - at the end, everything freed and trimmed: nothing is held.
 
-use crate::model::{self, PAGE, expected_block};
+use crate::model::{self, PAGE};
+use crate::rng::Rng;
 
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -24,33 +25,25 @@ use torch_arena::device::sim::{SimConfig, SimDevice};
 
 const THREADS: usize = 8;
 
-/// A seeded generator (SplitMix64): each thread's sequence is reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+/// Sizes like `model::size_strategy`'s: small, medium, large, and lengths that repeat.
+fn draw_size(rng: &mut Rng) -> u64 {
+    match rng.below(13) {
+        0..=3 => 1 + rng.below(4095) as u64,
+        4..=6 => 4096 + rng.below(1 << 20) as u64,
+        7..=8 => (1 << 20) + rng.below(5 << 20) as u64,
+        9 => (6 << 20) + rng.below(18 << 20) as u64,
+        _ => [(1u64 << 20) + 4096, 3 << 20, (5 << 20) + 512, (9 << 20) + 7][rng.below(4)],
     }
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+/// A random block of `mine`, taken out of it.
+fn take_random(rng: &mut Rng, mine: &Mutex<Vec<model::Live>>) -> Option<model::Live> {
+    let mut m = mine.lock().unwrap();
+    if m.is_empty() {
+        return None;
     }
-
-    /// Sizes like `model::size_strategy`'s: small, medium, large, and lengths that repeat.
-    fn size(&mut self) -> u64 {
-        match self.below(13) {
-            0..=3 => 1 + self.below(4095),
-            4..=6 => 4096 + self.below(1 << 20),
-            7..=8 => (1 << 20) + self.below(5 << 20),
-            9 => (6 << 20) + self.below(18 << 20),
-            _ => [(1u64 << 20) + 4096, 3 << 20, (5 << 20) + 512, (9 << 20) + 7]
-                [self.below(4) as usize],
-        }
-    }
+    let i = rng.below(m.len());
+    Some(m.swap_remove(i))
 }
 
 fn stream_of(t: usize) -> StreamId {
@@ -74,7 +67,7 @@ fn round(
     for _ in 0..ops {
         match rng.below(20) {
             0..=8 => {
-                let size = rng.size();
+                let size = draw_size(rng);
                 let Ok(ptr) = arena.malloc(size, stream) else {
                     continue; // out of memory: the figures are checked at the round's end
                 };
@@ -106,13 +99,9 @@ fn round(
                 mine.lock().unwrap().push(l);
             }
             9..=13 => {
-                let mut m = mine.lock().unwrap();
-                if m.is_empty() {
+                let Some(l) = take_random(rng, mine) else {
                     continue;
-                }
-                let i = rng.below(m.len() as u64) as usize;
-                let l = m.swap_remove(i);
-                drop(m);
+                };
                 l.check_pattern()?;
                 arena
                     .free(l.ptr, Some(l.size), l.stream)
@@ -120,13 +109,9 @@ fn round(
             }
             14 => {
                 // Hand a block to the next thread, which frees it on its own thread.
-                let mut m = mine.lock().unwrap();
-                if m.is_empty() {
+                let Some(l) = take_random(rng, mine) else {
                     continue;
-                }
-                let i = rng.below(m.len() as u64) as usize;
-                let l = m.swap_remove(i);
-                drop(m);
+                };
                 inboxes[(t + 1) % THREADS].lock().unwrap().push(l);
             }
             15 => {
@@ -145,8 +130,8 @@ fn round(
                 if m.is_empty() {
                     continue;
                 }
-                let i = rng.below(m.len() as u64) as usize;
-                let other = stream_of(rng.below(THREADS as u64) as usize);
+                let i = rng.below(m.len());
+                let other = stream_of(rng.below(THREADS));
                 let l = &mut m[i];
                 arena
                     .record_stream(l.ptr + l.size / 2, other)
@@ -158,11 +143,11 @@ fn round(
             }
             17..=18 => {
                 let m = mine.lock().unwrap();
-                if let Some(l) = m.get(rng.below(m.len().max(1) as u64) as usize) {
+                if let Some(l) = m.get(rng.below(m.len())) {
                     sim.launch(stream, l.ptr, l.size);
                 }
             }
-            _ => sim.complete(stream_of(rng.below(THREADS as u64) as usize)),
+            _ => sim.complete(stream_of(rng.below(THREADS))),
         }
     }
     Ok(())
@@ -175,52 +160,13 @@ fn check_figures(
     lives: &[Mutex<Vec<model::Live>>],
     inboxes: &[Mutex<Vec<model::Live>>],
 ) -> Result<(), String> {
-    let (mut count, mut requested, mut allocated) = (0i64, 0i64, 0i64);
-    let mut spans = Vec::new();
-    for set in lives.iter().chain(inboxes) {
-        for l in set.lock().unwrap().iter() {
-            l.check_pattern()?;
-            spans.push((l.ptr, l.size));
-            count += 1;
-            requested += l.size as i64;
-            allocated += expected_block(l.size) as i64;
-        }
-    }
-    spans.sort_unstable();
-    for w in spans.windows(2) {
-        if w[0].0 + w[0].1 > w[1].0 {
-            return Err(format!(
-                "allocations {:#x} and {:#x} overlap",
-                w[0].0, w[1].0
-            ));
-        }
-    }
-    let st = arena.stats();
-    let got = (
-        st.allocation.all().current,
-        st.requested_bytes.all().current,
-        st.allocated_bytes.all().current,
-    );
-    if got != (count, requested, allocated) {
-        return Err(format!(
-            "stats (count, requested, allocated) = {got:?}, the live sets {:?}",
-            (count, requested, allocated)
-        ));
-    }
-    if st.reserved_bytes.all().current != sim.used_bytes() as i64 {
-        return Err(format!(
-            "reserved_bytes {} but the device holds {}",
-            st.reserved_bytes.all().current,
-            sim.used_bytes()
-        ));
-    }
-    model::pools_sum_to_all(&st)?;
-    arena.check_consistency()?;
-    let v = sim.violations();
-    if !v.is_empty() {
-        return Err(format!("stream-safety violations: {v:?}"));
-    }
-    Ok(())
+    let sets: Vec<_> = lives
+        .iter()
+        .chain(inboxes)
+        .map(|m| m.lock().unwrap())
+        .collect();
+    let live = sets.iter().flat_map(|set| set.iter());
+    model::check_arena(arena, live, sim.used_bytes(), sim.violations())
 }
 
 fn run(seed: u64, capacity_mb: u64, rounds: usize, ops: usize) -> Result<(), String> {
