@@ -8,7 +8,11 @@ Owners are found by a walk over the objects the garbage collector tracks:
   come from the arena: ``cpu_tensors:True``);
 * any type given to :func:`register_holder_type` with a function returning its device pointers.
 
-(:class:`torch_arena.testing.DeviceBuffer` registers itself that way.) Then
+(:class:`torch_arena.testing.DeviceBuffer` registers itself that way.) An allocation no named
+object owns may be what an autograd graph saved for its backward (the activations of a loss
+kept in a list): the graphs under the tensors that have one are walked (``next_functions``,
+bounded), and the tensor at the top of the graph that saved it is its holder, named with the
+path to the saving node (``losses[3].grad_fn.next_functions[0][0]._saved_mat1``). Then
 ``gc.get_referrers`` climbs from the owners, breadth first, one pass over the heap per
 level, until each owner reaches a root. Containers are named the way code reaches into them:
 lists, tuples and deques by index, dicts (OrderedDict, defaultdict, any dict subclass) by key,
@@ -41,6 +45,8 @@ _cpu_tensors = False
 MAX_OWNERS = 64  # owners whose chain is traced, per call
 MAX_FRONTIER = 256  # objects climbed from, per level
 MAX_DEPTH = 8  # levels of references climbed
+MAX_GRAPH_NODES = 20_000  # autograd nodes looked into, per call
+GRAPH_PATH_SHOWN = 3  # next_functions hops spelled out in a holder's expr
 
 
 def register_holder_type(cls: type, pointers: Callable[[Any], Iterable[int]]) -> None:
@@ -107,6 +113,109 @@ def _owners(ptrs: set[int], limit: int) -> dict[int, list[Any]]:
         if count >= limit:
             break
     return found
+
+
+def _saved_by_graphs(ptrs: set[int]) -> dict[int, list[tuple[Any, str, str]]]:
+    """ptr -> [(tensor, path, node type)] for allocations an autograd graph keeps: a tensor
+    some node saved for its backward (``_saved_*``, ``saved_tensors``) in the graph under a
+    tensor Python holds (its ``grad_fn``). ``path`` leads from that tensor to the saved one
+    (``.grad_fn.next_functions[0][0]._saved_result``). The holder is the graph's top: a tensor
+    whose node no other tensor's graph reaches (an intermediate tensor's Python object can
+    outlive its name, kept alive by the graph). Graphs are walked breadth first, at most
+    MAX_GRAPH_NODES nodes in each of the two walks."""
+    torch = sys.modules.get("torch")
+    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+    if tensor_type is None or not ptrs:
+        return {}
+    # Tensors with a graph, by their node. Node objects are kept alive for the whole walk:
+    # their Python wrappers may be made afresh on each access, and ids of freed ones reused.
+    tops: dict[int, tuple[Any, Any]] = {}
+    for obj in gc.get_objects():
+        try:
+            if tensor_type in type(obj).__mro__ and obj.grad_fn is not None:
+                node = obj.grad_fn
+                tops.setdefault(id(node), (node, obj))
+        except Exception:
+            continue
+    # A tensor whose node another graph reaches is inside that graph: not a top.
+    seen: dict[int, Any] = {}
+    budget = MAX_GRAPH_NODES
+    for node_id, (root, _) in list(tops.items()):
+        queue = collections.deque([root])
+        while queue and budget > 0:
+            node = queue.popleft()
+            for child in _next_nodes(node):
+                if child is None:
+                    continue
+                if id(child) in tops and id(child) != node_id:
+                    tops.pop(id(child), None)
+                if id(child) not in seen:
+                    seen[id(child)] = child
+                    budget -= 1
+                    queue.append(child)
+    found: dict[int, list[tuple[Any, str, str]]] = {}
+    seen = {}
+    budget = MAX_GRAPH_NODES
+    for root, t in tops.values():
+        queue = collections.deque([(root, ".grad_fn", 0)])
+        while queue and budget > 0:
+            node, path, depth = queue.popleft()
+            if id(node) in seen:
+                continue
+            seen[id(node)] = node
+            budget -= 1
+            for name, saved in _saved_of(node, tensor_type):
+                try:
+                    owned = [int(p) for p in _tensor_pointers(saved)]
+                except Exception:
+                    continue
+                for p in owned:
+                    if p in ptrs and not any(h[0] is t for h in found.get(p, ())):
+                        where = _graph_path(path, depth, node, name)
+                        found.setdefault(p, []).append((t, where, type(node).__name__))
+            for i, child in enumerate(_next_nodes(node)):
+                if child is not None and id(child) not in seen:
+                    queue.append((child, f"{path}.next_functions[{i}][0]", depth + 1))
+    return found
+
+
+def _next_nodes(node: Any) -> list[Any]:
+    """The nodes ``node`` passes gradients to (None where an input needs none)."""
+    try:
+        return [child for child, _ in node.next_functions]
+    except Exception:
+        return []
+
+
+def _saved_of(node: Any, tensor_type: type) -> list[tuple[str, Any]]:
+    """(name, tensor) for what ``node`` saved for its backward and still holds."""
+    out = []
+    try:
+        names = dir(node)
+    except Exception:
+        return out
+    for name in names:
+        # `_saved_*` on built-in nodes; `saved_tensors` on a custom autograd.Function's.
+        if not name.startswith("_saved_") and name != "saved_tensors":
+            continue
+        try:
+            value = getattr(node, name)
+        except Exception:  # freed by a backward that already ran
+            continue
+        if isinstance(value, (tuple, list)):
+            items = enumerate(value)
+            out.extend((f"{name}[{i}]", v) for i, v in items if isinstance(v, tensor_type))
+        elif isinstance(value, tensor_type):
+            out.append((name, value))
+    return out
+
+
+def _graph_path(path: str, depth: int, node: Any, name: str) -> str:
+    """The accessor from a tensor to what its graph saved: spelled out for a node a few hops
+    down, else shortened to the node's type and depth."""
+    if depth <= GRAPH_PATH_SHOWN:
+        return f"{path}.{name}"
+    return f".grad_fn<{depth} hops down: {type(node).__name__}>.{name}"
 
 
 def _short(path: str) -> str:
@@ -367,26 +476,60 @@ def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int,
         if not wanted:
             return {}
         owners = _owners(wanted, max_owners)
+        # Saved for a backward by a graph some tensor still holds: that tensor is the holder
+        # (an allocation's own tensor object may outlive every name for it, kept by the graph).
+        by_graph = _saved_by_graphs(wanted)
+        graph_roots = {id(h[0]): h[0] for holders in by_graph.values() for h in holders}
         flat = [obj for objs in owners.values() for obj in objs]
+        flat += [t for t in graph_roots.values() if all(t is not o for o in flat)]
         walk = _Walk()
         # This function's own containers refer to the owners too: never holders.
         walk.ignore.update(id(objs) for objs in owners.values())
-        walk.ignore.update({id(owners), id(flat)})
+        walk.ignore.update({id(owners), id(flat), id(by_graph), id(graph_roots)})
+        walk.ignore.update(id(holders) for holders in by_graph.values())
+        walk.ignore.update(id(pair) for holders in by_graph.values() for pair in holders)
         chains = walk.chains(flat) if flat else {}
         result: dict[int, list[dict]] = {}
-        for ptr, objs in owners.items():
-            entries = []
-            for obj in objs:
-                info = chains.get(id(obj), {})
-                entries.append(
-                    {
-                        "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
-                        "expr": info.get("expr"),
-                        "root": info.get("root"),
-                        "chain": info.get("chain", [_describe(obj)]),
-                    }
-                )
-            result[ptr] = entries
+        for ptr in wanted:
+            entries = _owner_entries(owners.get(ptr, []), chains)
+            named = any(e["expr"] is not None for e in entries)
+            graph = _graph_entries(by_graph.get(ptr, []), chains)
+            graph = [e for e in graph if e["expr"] is not None]
+            if not named and graph:
+                entries = graph + entries
+            if entries:
+                result[ptr] = entries
         return result
     except Exception:  # never break a report for want of holders
         return {}
+
+
+def _owner_entries(objs: list[Any], chains: dict[int, dict[str, Any]]) -> list[dict]:
+    entries = []
+    for obj in objs:
+        info = chains.get(id(obj), {})
+        entries.append(
+            {
+                "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                "expr": info.get("expr"),
+                "root": info.get("root"),
+                "chain": info.get("chain", [_describe(obj)]),
+            }
+        )
+    return entries
+
+
+def _graph_entries(holders: list[tuple[Any, str, str]], chains: dict[int, dict[str, Any]]) -> list:
+    entries = []
+    for t, path, node in holders:
+        info = chains.get(id(t), {})
+        expr = info.get("expr")
+        entries.append(
+            {
+                "type": "autograd graph",
+                "expr": None if expr is None else expr + path,
+                "root": info.get("root"),
+                "chain": [f"saved for backward by {node}"] + info.get("chain", [_describe(t)]),
+            }
+        )
+    return entries

@@ -270,6 +270,7 @@ def test_a_list_of_losses_that_keeps_their_graphs_is_a_leak_with_its_holder_name
                 {"line": (site_location(s["frames"]) or (None, None))[1],
                  "bytes_per_step": s["bytes_per_step"],
                  "holders": [h["expr"] for h in s["holders"]],
+                 "types": [h["type"] for h in s["holders"]],
                  "roots": [h["root"] for h in s["holders"]]}
                 for s in report["growing"]
             ],
@@ -293,6 +294,24 @@ def test_a_list_of_losses_that_keeps_their_graphs_is_a_leak_with_its_holder_name
     assert any(e.startswith("history[") for e in holders), got["text"]
     assert any("local variable 'history' of train()" in r for r in roots), got["text"]
     assert "history[" in got["text"]
+    # Every allocation the graphs keep is named by the kept output whose graph saved it: the
+    # activations no Python name refers to (the input and the ReLU's output) as what their
+    # backward nodes saved.
+    for s in at:
+        assert any((e or "").startswith("history[") for e in s["holders"]), (s, got["text"])
+        assert None not in s["holders"][:1], (s, got["text"])
+    for size in (8192, 32768):
+        site = next(s for s in at if s["bytes_per_step"] == size)
+        saved = [
+            e for e, t in zip(site["holders"], site["types"], strict=True) if t == "autograd graph"
+        ]
+        assert saved and all(
+            e.startswith(("history[", "val.")) and "._saved_mat1" in e for e in saved
+        ), (
+            site,
+            got["text"],
+        )
+    assert "saved for backward by AddmmBackward0" in got["text"]
 
 
 def test_threads_allocate_and_free_concurrently():
@@ -477,3 +496,38 @@ def test_a_compiler_that_fails_stops_enable_and_changes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("REFUSED False 0 "), r.stdout
     assert "compiling torch-arena's CPU allocator failed" in r.stdout
+
+
+def test_a_tensor_saved_by_a_custom_function_in_a_kept_graph_is_named_by_its_path():
+    body = """
+        from torch_arena.referrers import find_holders
+
+        class Square(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x * 1.0)  # a tensor only the graph keeps
+                return x * x
+
+            @staticmethod
+            def backward(ctx, grad):
+                (kept,) = ctx.saved_tensors
+                return 2 * kept * grad
+
+        keep = {}
+        x = torch.randn(1000, requires_grad=True)
+        keep["out"] = Square.apply(x).sum()
+        node = keep["out"].grad_fn.next_functions[0][0]
+        ptr = node.saved_tensors[0].untyped_storage().data_ptr()
+        del node
+        found = find_holders([ptr])[ptr]
+        # After a backward the graph frees what it saved: no holder is invented.
+        keep["out"].backward()
+        print(json.dumps({"found": found, "after": find_holders([ptr])}))
+        """
+    got = run(body)
+    exprs = [h["expr"] for h in got["found"] if h["type"] == "autograd graph"]
+    assert exprs == ["keep['out'].grad_fn.next_functions[0][0].saved_tensors[0]"], got
+    assert "'keep'" in got["found"][0]["root"], got
+    assert got["found"][0]["chain"][0] == "saved for backward by SquareBackward", got
+    after = [h for holders in got["after"].values() for h in holders]
+    assert all(h["type"] != "autograd graph" for h in after), got
