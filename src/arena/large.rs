@@ -5,8 +5,20 @@ use super::growth::*;
 use super::*;
 
 /// Free blocks a large request weighs: the best fits by size, of which it takes the one needing
-/// the fewest newly mapped pages (a map costs tens of microseconds; reading a page slot does not).
+/// the fewest newly mapped pages (a map costs tens of microseconds; reading a page slot does not),
+/// while the limit leaves room for the block.
 pub(super) const PLACEMENT_CANDIDATES: usize = 8;
+
+/// Free blocks a large request weighs when the limit leaves less room than the block: pages it
+/// lacks would then be moved from elsewhere (unmapped, mapped again: tens of microseconds of
+/// driver time each, and the place they left misses them in the next step that repeats this
+/// one), so a fit whose pages are all mapped is worth looking further for. Chosen on the tune
+/// half of the shared traces (`scripts/fit-summary`'s halves) at each trace's own minimum over
+/// five steps: fifth-step memory calls of that half 31,621 at 8, 17,416 at 16, 9,397 at 32,
+/// 11,558 at 64, and from 128 on 11,012, the same as weighing every fit; on the held-out half
+/// 40,768 at 8 and 12,148 at 128. Away from the limit nothing changes (the search stops at the
+/// first fit needing no new page, and instructions per pair of the pairs benchmark are the same).
+pub(super) const LIMIT_PLACEMENT_CANDIDATES: usize = 128;
 
 /// How much longer than a medium block a free range must be for the block to take its end
 /// (`place_large`). Measured on the shared traces, the recording of the GPU suite's steps
@@ -92,6 +104,7 @@ impl Inner {
             return self.place_medium(s, len);
         }
         let guard = self.guards_large_handles(len);
+        let candidates = self.placement_candidates(len);
         // (strands, pages to map) of the best so far.
         let mut best: Option<((bool, u64), Fit)> = None;
         let mut seen = 0;
@@ -109,7 +122,7 @@ impl Inner {
             if missing < limit {
                 best = Some(((strands, missing), fit));
             }
-            best.is_some_and(|b| b.0 != (false, 0)) && seen < PLACEMENT_CANDIDATES
+            best.is_some_and(|b| b.0 != (false, 0)) && seen < candidates
         });
         let (_, fit) = best?;
         self.streams[s as usize].large.take(fit.node, len);
@@ -138,6 +151,7 @@ impl Inner {
     fn place_medium(&mut self, s: u32, len: u64) -> Option<Fit> {
         let keep = KEEP_RANGE_BYTES.min(len.saturating_mul(KEEP_RANGE_TIMES));
         let guard = self.guards_large_handles(len);
+        let candidates = self.placement_candidates(len);
         // (strands, new pages, on a large block's pages in a long range), the fit, whether at
         // its end.
         let mut best: Option<((bool, u64, bool), Fit, bool)> = None;
@@ -169,7 +183,7 @@ impl Inner {
                     best = Some((key, fit, at_end));
                 }
             }
-            best.is_some_and(|b| b.0 != (false, 0, false)) && seen < PLACEMENT_CANDIDATES
+            best.is_some_and(|b| b.0 != (false, 0, false)) && seen < candidates
         });
         let (_, fit, at_end) = best?;
         if at_end {
@@ -199,6 +213,15 @@ impl Inner {
             p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
         }
         false
+    }
+
+    /// How many of the best fits by size a block of `len` bytes weighs: more where the limit
+    /// leaves less room than the block ([`LIMIT_PLACEMENT_CANDIDATES`]).
+    fn placement_candidates(&self, len: u64) -> usize {
+        match self.limit.saturating_sub(self.reserved()) >= len {
+            true => PLACEMENT_CANDIDATES,
+            false => LIMIT_PLACEMENT_CANDIDATES,
+        }
     }
 
     /// Whether placing a block of `len` bytes weighs `strands`: only while an idle large handle
