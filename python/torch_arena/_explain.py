@@ -52,6 +52,7 @@ from typing import Any
 
 from . import _cpu_tensors, _ranks, stats
 from ._sizes import format_size
+from .referrers import _saved_of
 
 CATEGORIES = (
     "parameters",
@@ -308,21 +309,12 @@ def _storage_key(t: Any) -> tuple[int, int, int] | None:
 
 
 def _saved_tensors(node: Any) -> list[Any]:
-    """The tensors an autograd node saved for its backward (``_saved_*`` attributes), those
-    still there (a backward that ran frees them)."""
-    out = []
-    for name in dir(node):
-        # `_saved_*` on built-in nodes; `saved_tensors` on a custom autograd.Function's (what
-        # torch.compile's CompiledFunction saves).
-        if not name.startswith("_saved_") and name != "saved_tensors":
-            continue
-        try:
-            value = getattr(node, name)
-        except RuntimeError:  # freed by a backward that already ran
-            continue
-        values = value if isinstance(value, (tuple, list)) else (value,)
-        out.extend(v for v in values if _is_tensor(v))
-    return out
+    """The tensors an autograd node saved for its backward (``_saved_*`` attributes, and a
+    custom autograd.Function's ``saved_tensors``, what torch.compile's CompiledFunction saves),
+    those still there (a backward that ran frees them)."""
+    import torch
+
+    return [t for _, t in _saved_of(node, torch.Tensor)]
 
 
 def _is_tensor(obj: Any) -> bool:
