@@ -338,3 +338,32 @@ def test_the_docs_merge_output_is_what_merge_prints_for_such_a_job(job):
     got = merge(job / "leaks-0.json", job / "leaks-1.json")
     assert got.returncode == 0, got.stderr
     assert got.stdout == doc_block("merge output")
+
+
+def test_a_gather_whose_worker_holds_its_tensors_awhile_leaves_nothing_for_the_next_report():
+    # gloo's worker threads may hold a collective's tensors a moment after it returns; CI saw
+    # 272 B of a first explain(all_ranks=True)'s gather counted in the second one's row.
+    code = """
+import json, threading, time, torch, torch_arena
+from torch_arena import _cpu_tensors, _ranks
+torch_arena.enable()
+
+class SlowGloo:
+    def get_backend(self):
+        return "gloo"
+    def get_world_size(self):
+        return 2
+    def all_gather(self, outputs, tensor):
+        for out in outputs:
+            out.copy_(tensor)
+        held = list(outputs) + [tensor]  # released by the worker 100 ms later
+        threading.Thread(target=lambda: (time.sleep(0.1), held.clear())).start()
+
+before = _cpu_tensors.live()
+got = _ranks._all_gather_bytes(SlowGloo(), b"row of rank 0")
+print(json.dumps({"got": [g.decode() for g in got], "left": _cpu_tensors.live() - before}))
+"""
+    r = run_python(code, REPO, TORCH_ARENA_CONF=CONF + ",cpu_tensors:True")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"got": ["row of rank 0", "row of rank 0"], "left": 0}, out
