@@ -707,7 +707,8 @@ def explain(
     c = categorize(modules, optimizers, device)
     report = _report(c, _allocator_figures(_serving_index(device)), None)
     if all_ranks:
-        return _ranks.across_ranks("explain", _ranks.explain_row(report), json)
+        storages = _cpu_tensors.live if _cpu_tensors.active() else None
+        return _ranks.across_ranks("explain", _ranks.explain_row(report), json, storages)
     return report if json else _render(report)
 
 

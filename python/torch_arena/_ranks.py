@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _paths
@@ -99,8 +100,11 @@ def leak_row(rank: int, reports: list[dict[str, Any]]) -> dict[str, int]:
     }
 
 
-def _gather(row: dict[str, int]) -> tuple[list[dict[str, int]], int]:
-    """Every rank's row (a collective on the default group) and the world size."""
+def _gather(
+    row: dict[str, int], storages: Callable[[], int] | None = None
+) -> tuple[list[dict[str, int]], int]:
+    """Every rank's row (a collective on the default group) and the world size. ``storages``:
+    see :func:`across_ranks`."""
     dist = _distributed()
     if dist is None:
         world = _world_size_env()
@@ -111,12 +115,13 @@ def _gather(row: dict[str, int]) -> tuple[list[dict[str, int]], int]:
                 "all_ranks=False for this rank's own report"
             )
         return [row], 1
-    return [json.loads(b) for b in _all_gather_bytes(dist, json.dumps(row).encode())], (
-        dist.get_world_size()
-    )
+    data = json.dumps(row).encode()
+    return [json.loads(b) for b in _all_gather_bytes(dist, data, storages)], (dist.get_world_size())
 
 
-def _all_gather_bytes(dist: Any, data: bytes) -> list[bytes]:
+def _all_gather_bytes(
+    dist: Any, data: bytes, storages: Callable[[], int] | None = None
+) -> list[bytes]:
     """``data`` of every rank, by rank: the lengths, then the bytes padded to the longest, in
     two ``all_gather`` calls of the default group. (Not ``all_gather_object``: it needs numpy,
     which torch does not.) The tensors are on the CPU where the group has a CPU backend (gloo,
@@ -124,12 +129,10 @@ def _all_gather_bytes(dist: Any, data: bytes) -> list[bytes]:
     every NCCL collective needs)."""
     import torch
 
-    from . import _cpu_tensors
-
     backend = str(dist.get_backend()).lower()
     cpu = any(b in backend for b in ("gloo", "mpi", "cpu:"))
     # CPU storages alive before the gather, when CPU tensors come from the arena (cpu_tensors).
-    before = _cpu_tensors.live() if cpu and _cpu_tensors.active() else -1
+    before = storages() if cpu and storages is not None else -1
     device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
     world = dist.get_world_size()
     length = torch.tensor([len(data)], dtype=torch.int64, device=device)
@@ -142,28 +145,30 @@ def _all_gather_bytes(dist: Any, data: bytes) -> list[bytes]:
     dist.all_gather(parts, mine)
     out = [bytes(p[:n].tolist()) for p, n in zip(parts, sizes, strict=True)]
     del length, lengths, mine, parts
-    if before >= 0:
-        _settle(before)
+    if storages is not None and before >= 0:
+        _settle(storages, before)
     return out
 
 
-def _settle(before: int, timeout_s: float = 0.5) -> None:
+def _settle(storages: Callable[[], int], before: int, timeout_s: float = 0.5) -> None:
     """Wait, at most ``timeout_s``, until the CPU storages alive are no more than ``before``: a
     collective's worker thread (gloo's) may hold its tensors a moment after the call returns,
     and they must not count in the report that comes next (CI saw 272 B of them in a second
     ``explain(all_ranks=True)`` on one rank). Another thread allocating meanwhile only makes it
     wait the whole timeout."""
-    from . import _cpu_tensors
-
     deadline = time.monotonic() + timeout_s
-    while _cpu_tensors.live() > before and time.monotonic() < deadline:
+    while storages() > before and time.monotonic() < deadline:
         time.sleep(0.001)
 
 
-def across_ranks(kind: str, row: dict[str, int], as_json: bool) -> Any:
+def across_ranks(
+    kind: str, row: dict[str, int], as_json: bool, storages: Callable[[], int] | None = None
+) -> Any:
     """Gather ``row`` from every rank (a collective: see the module's text) and return the table
-    of ``kind`` (``"explain"`` or ``"leaks"``) as a dict, or as text."""
-    rows, world = _gather(row)
+    of ``kind`` (``"explain"`` or ``"leaks"``) as a dict, or as text. ``storages`` counts the CPU
+    storages alive, where CPU tensors come from the arena (``_cpu_tensors.live``): the gather
+    then waits for its own to be freed."""
+    rows, world = _gather(row, storages)
     t = table(kind, rows, world)
     return t if as_json else render(t)
 

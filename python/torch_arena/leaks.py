@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import _capture, _explain, _native, _ranks, _verdict
+from . import _capture, _cpu_tensors, _explain, _native, _ranks, _verdict
 from ._frames import site_location, user_frame_index
 from ._render import render, render_live
 from ._sizes import format_size, parse_size
@@ -140,7 +140,8 @@ def leak_report(
     report.update(_ranks.identity())
     if all_ranks:
         row = _ranks.leak_row(report["rank"], [report])
-        return _ranks.across_ranks("leaks", row, format == "json")
+        storages = _cpu_tensors.live if _cpu_tensors.active() else None
+        return _ranks.across_ranks("leaks", row, format == "json", storages)
     return report if format == "json" else render(report)
 
 

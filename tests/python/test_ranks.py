@@ -360,7 +360,7 @@ class SlowGloo:
         threading.Thread(target=lambda: (time.sleep(0.1), held.clear())).start()
 
 before = _cpu_tensors.live()
-got = _ranks._all_gather_bytes(SlowGloo(), b"row of rank 0")
+got = _ranks._all_gather_bytes(SlowGloo(), b"row of rank 0", _cpu_tensors.live)
 print(json.dumps({"got": [g.decode() for g in got], "left": _cpu_tensors.live() - before}))
 """
     r = run_python(code, REPO, TORCH_ARENA_CONF=CONF + ",cpu_tensors:True")
