@@ -907,7 +907,7 @@ fn chase_ns(mib: usize) -> f64 {
     let mut order: Vec<usize> = (0..lines).collect();
     let mut rng = SplitMix(SEED);
     for i in (1..lines).rev() {
-        order.swap(i, rng.below(i as u64) as usize);
+        order.swap(i, rng.index(i));
     }
     for i in 0..lines {
         next[order[i] * LINE] = (order[(i + 1) % lines] * LINE) as u64;

@@ -6,14 +6,12 @@
 
 #[path = "common/python_pickle.rs"]
 mod python_pickle;
-#[path = "common/rng.rs"]
-mod rng;
 use python_pickle::python_pickle;
-use rng::Rng;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use torch_arena_lab::synth::SplitMix as Rng;
 
 use torch_arena_lab::replay::{ReplayOptions, replay};
 use torch_arena_lab::{self as trace, Op, Source, Trace, format, pickle, synth};
@@ -574,51 +572,51 @@ const HUGE: [&str; 6] = [
 /// One mutation of `b` (`other` is another seed, for splices).
 fn mutate(rng: &mut Rng, b: &mut Vec<u8>, other: &[u8]) {
     if b.is_empty() {
-        b.push(rng.next() as u8);
+        b.push(rng.next_u64() as u8);
         return;
     }
-    match rng.below(9) {
+    match rng.index(9) {
         0 => {
-            let i = rng.below(b.len());
-            b[i] ^= 1 << rng.below(8);
+            let i = rng.index(b.len());
+            b[i] ^= 1 << rng.index(8);
         }
         1 => {
-            let i = rng.below(b.len());
-            b[i] = rng.next() as u8;
+            let i = rng.index(b.len());
+            b[i] = rng.next_u64() as u8;
         }
         2 => {
-            let i = rng.below(b.len());
+            let i = rng.index(b.len());
             b.truncate(i.max(1));
         }
         3 => {
             // Splice a span of another seed in.
             if !other.is_empty() {
-                let (i, j) = (rng.below(other.len()), rng.below(b.len()));
-                let n = rng.below(256).min(other.len() - i);
+                let (i, j) = (rng.index(other.len()), rng.index(b.len()));
+                let n = rng.index(256).min(other.len() - i);
                 b.splice(j..j, other[i..i + n].iter().copied());
             }
         }
         4 => {
             // Duplicate a span (up to 64 KiB) in place.
-            let i = rng.below(b.len());
-            let n = (1 + rng.below(65536)).min(b.len() - i);
+            let i = rng.index(b.len());
+            let n = (1 + rng.index(65536)).min(b.len() - i);
             let span = b[i..i + n].to_vec();
             b.splice(i..i, span);
         }
         5 => {
             // A huge integer, as text, over a number or anywhere.
-            let h = HUGE[rng.below(HUGE.len())].as_bytes();
-            let i = rng.below(b.len());
+            let h = HUGE[rng.index(HUGE.len())].as_bytes();
+            let i = rng.index(b.len());
             let n = b[i..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
             b.splice(i..i + n, h.iter().copied());
         }
         6 => {
             // A huge binary integer: LONG1 of 9–16 bytes, or 8 bytes of 0xff.
-            let i = rng.below(b.len());
-            let n = 9 + rng.below(8);
+            let i = rng.index(b.len());
+            let n = 9 + rng.index(8);
             let mut long = vec![0x8a, n as u8];
-            long.extend((0..n).map(|_| rng.next() as u8));
-            if rng.below(2) == 0 {
+            long.extend((0..n).map(|_| rng.next_u64() as u8));
+            if rng.index(2) == 0 {
                 b.splice(i..i, long);
             } else {
                 let end = (i + 8).min(b.len());
@@ -627,14 +625,14 @@ fn mutate(rng: &mut Rng, b: &mut Vec<u8>, other: &[u8]) {
         }
         7 => {
             // Delete a span.
-            let i = rng.below(b.len());
-            let n = rng.below(512).min(b.len() - i);
+            let i = rng.index(b.len());
+            let n = rng.index(512).min(b.len() - i);
             b.drain(i..i + n);
         }
         _ => {
             // Memo references: BINGET/LONG_BINGET of a small index, or a memo index near 2^32.
-            let i = rng.below(b.len());
-            let op: &[u8] = match rng.below(3) {
+            let i = rng.index(b.len());
+            let op: &[u8] = match rng.index(3) {
                 0 => b"h\x01",
                 1 => b"j\xff\xff\xff\xff",
                 _ => b"r\x00\x00\x00\x40",
@@ -675,19 +673,19 @@ fn fuzz(replay_ok: bool) -> (usize, usize, Vec<Trace>) {
         .collect();
     for case in 0..FUZZ_CASES {
         let (name, src, was_gz) = &plain[case % plain.len()];
-        let other = &plain[rng.below(plain.len())].1;
+        let other = &plain[rng.index(plain.len())].1;
         let mut b = src.clone();
         // The big gzip seed (1.3 MB inflated) takes fewer cases' worth of time: trim it.
-        if b.len() > 256 << 10 && rng.below(4) != 0 {
+        if b.len() > 256 << 10 && rng.index(4) != 0 {
             b.truncate(256 << 10);
         }
-        for _ in 0..1 + rng.below(4) {
+        for _ in 0..1 + rng.index(4) {
             mutate(&mut rng, &mut b, other);
         }
-        let wrap = *was_gz || rng.below(8) == 0;
+        let wrap = *was_gz || rng.index(8) == 0;
         if wrap {
             b = gzip(&b);
-            if rng.below(6) == 0 {
+            if rng.index(6) == 0 {
                 mutate(&mut rng, &mut b, &[]);
             }
         }

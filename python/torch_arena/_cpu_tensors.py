@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from . import _native
@@ -59,6 +60,12 @@ def enabled_in(items: dict[str, str]) -> bool:
 def active() -> bool:
     """Whether CPU tensors come from the arena in this process."""
     return _active
+
+
+def live_counter() -> Callable[[], int] | None:
+    """:func:`live` where CPU tensors come from the arena, else None (what a report's gather
+    waits on: ``_ranks.across_ranks``)."""
+    return live if _active else None
 
 
 def live() -> int:

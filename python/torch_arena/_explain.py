@@ -707,8 +707,8 @@ def explain(
     c = categorize(modules, optimizers, device)
     report = _report(c, _allocator_figures(_serving_index(device)), None)
     if all_ranks:
-        storages = _cpu_tensors.live if _cpu_tensors.active() else None
-        return _ranks.across_ranks("explain", _ranks.explain_row(report), json, storages)
+        row = _ranks.explain_row(report)
+        return _ranks.across_ranks("explain", row, json, _cpu_tensors.live_counter())
     return report if json else _render(report)
 
 

@@ -116,7 +116,8 @@ def _gather(
             )
         return [row], 1
     data = json.dumps(row).encode()
-    return [json.loads(b) for b in _all_gather_bytes(dist, data, storages)], (dist.get_world_size())
+    rows = [json.loads(b) for b in _all_gather_bytes(dist, data, storages)]
+    return rows, dist.get_world_size()
 
 
 def _all_gather_bytes(
@@ -131,8 +132,9 @@ def _all_gather_bytes(
 
     backend = str(dist.get_backend()).lower()
     cpu = any(b in backend for b in ("gloo", "mpi", "cpu:"))
-    # CPU storages alive before the gather, when CPU tensors come from the arena (cpu_tensors).
-    before = storages() if cpu and storages is not None else -1
+    # The gather's tensors are arena storages only on the CPU, with cpu_tensors.
+    counter = storages if cpu else None
+    before = counter() if counter is not None else 0
     device = torch.device("cpu") if cpu else torch.device("cuda", torch.cuda.current_device())
     world = dist.get_world_size()
     length = torch.tensor([len(data)], dtype=torch.int64, device=device)
@@ -145,8 +147,8 @@ def _all_gather_bytes(
     dist.all_gather(parts, mine)
     out = [bytes(p[:n].tolist()) for p, n in zip(parts, sizes, strict=True)]
     del length, lengths, mine, parts
-    if storages is not None and before >= 0:
-        _settle(storages, before)
+    if counter is not None:
+        _settle(counter, before)
     return out
 
 

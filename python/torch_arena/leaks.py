@@ -140,8 +140,7 @@ def leak_report(
     report.update(_ranks.identity())
     if all_ranks:
         row = _ranks.leak_row(report["rank"], [report])
-        storages = _cpu_tensors.live if _cpu_tensors.active() else None
-        return _ranks.across_ranks("leaks", row, format == "json", storages)
+        return _ranks.across_ranks("leaks", row, format == "json", _cpu_tensors.live_counter())
     return report if format == "json" else render(report)
 
 

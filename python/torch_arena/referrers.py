@@ -494,7 +494,6 @@ def find_holders(ptrs: Iterable[int], max_owners: int = MAX_OWNERS) -> dict[int,
             entries = _owner_entries(owners.get(ptr, []), chains)
             named = any(e["expr"] is not None for e in entries)
             graph = _graph_entries(by_graph.get(ptr, []), chains)
-            graph = [e for e in graph if e["expr"] is not None]
             if not named and graph:
                 entries = graph + entries
             if entries:
@@ -520,14 +519,18 @@ def _owner_entries(objs: list[Any], chains: dict[int, dict[str, Any]]) -> list[d
 
 
 def _graph_entries(holders: list[tuple[Any, str, str]], chains: dict[int, dict[str, Any]]) -> list:
+    """The holders whose graph's top tensor a root names (an unnamed top says nothing more than
+    the allocation's own unnamed tensor)."""
     entries = []
     for t, path, node in holders:
         info = chains.get(id(t), {})
         expr = info.get("expr")
+        if expr is None:
+            continue
         entries.append(
             {
                 "type": "autograd graph",
-                "expr": None if expr is None else expr + path,
+                "expr": expr + path,
                 "root": info.get("root"),
                 "chain": [f"saved for backward by {node}"] + info.get("chain", [_describe(t)]),
             }

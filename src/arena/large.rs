@@ -218,17 +218,22 @@ impl Inner {
     /// How many of the best fits by size a block of `len` bytes weighs: more where the limit
     /// leaves less room than the block ([`LIMIT_PLACEMENT_CANDIDATES`]).
     fn placement_candidates(&self, len: u64) -> usize {
-        match self.limit.saturating_sub(self.reserved()) >= len {
+        match self.room_for(len) {
             true => PLACEMENT_CANDIDATES,
             false => LIMIT_PLACEMENT_CANDIDATES,
         }
+    }
+
+    /// Whether the limit leaves room to create `len` bytes more.
+    fn room_for(&self, len: u64) -> bool {
+        self.limit.saturating_sub(self.reserved()) >= len
     }
 
     /// Whether placing a block of `len` bytes weighs `strands`: only while an idle large handle
     /// exists at all (a counter, so that the malloc path pays for the check only then), and while
     /// the limit leaves room for the block (else it takes what is there).
     fn guards_large_handles(&self, len: u64) -> bool {
-        self.idle_large > 0 && self.limit.saturating_sub(self.reserved()) >= len
+        self.idle_large > 0 && self.room_for(len)
     }
 
     /// Whether a block at `[addr, addr + len)` of `region` would strand part of an idle large

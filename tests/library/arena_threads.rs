@@ -14,7 +14,7 @@
 //! - at the end, everything freed and trimmed: nothing is held.
 
 use crate::model::{self, PAGE};
-use crate::rng::Rng;
+use torch_arena_lab::synth::SplitMix as Rng;
 
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -27,12 +27,12 @@ const THREADS: usize = 8;
 
 /// Sizes like `model::size_strategy`'s: small, medium, large, and lengths that repeat.
 fn draw_size(rng: &mut Rng) -> u64 {
-    match rng.below(13) {
-        0..=3 => 1 + rng.below(4095) as u64,
-        4..=6 => 4096 + rng.below(1 << 20) as u64,
-        7..=8 => (1 << 20) + rng.below(5 << 20) as u64,
-        9 => (6 << 20) + rng.below(18 << 20) as u64,
-        _ => [(1u64 << 20) + 4096, 3 << 20, (5 << 20) + 512, (9 << 20) + 7][rng.below(4)],
+    match rng.index(13) {
+        0..=3 => 1 + rng.below(4095),
+        4..=6 => 4096 + rng.below(1 << 20),
+        7..=8 => (1 << 20) + rng.below(5 << 20),
+        9 => (6 << 20) + rng.below(18 << 20),
+        _ => [(1u64 << 20) + 4096, 3 << 20, (5 << 20) + 512, (9 << 20) + 7][rng.index(4)],
     }
 }
 
@@ -42,7 +42,7 @@ fn take_random(rng: &mut Rng, mine: &Mutex<Vec<model::Live>>) -> Option<model::L
     if m.is_empty() {
         return None;
     }
-    let i = rng.below(m.len());
+    let i = rng.index(m.len());
     Some(m.swap_remove(i))
 }
 
@@ -65,7 +65,7 @@ fn round(
 ) -> Result<(), String> {
     let stream = stream_of(t);
     for _ in 0..ops {
-        match rng.below(20) {
+        match rng.index(20) {
             0..=8 => {
                 let size = draw_size(rng);
                 let Ok(ptr) = arena.malloc(size, stream) else {
@@ -130,8 +130,8 @@ fn round(
                 if m.is_empty() {
                     continue;
                 }
-                let i = rng.below(m.len());
-                let other = stream_of(rng.below(THREADS));
+                let i = rng.index(m.len());
+                let other = stream_of(rng.index(THREADS));
                 let l = &mut m[i];
                 arena
                     .record_stream(l.ptr + l.size / 2, other)
@@ -143,11 +143,11 @@ fn round(
             }
             17..=18 => {
                 let m = mine.lock().unwrap();
-                if let Some(l) = m.get(rng.below(m.len())) {
+                if let Some(l) = m.get(rng.index(m.len())) {
                     sim.launch(stream, l.ptr, l.size);
                 }
             }
-            _ => sim.complete(stream_of(rng.below(THREADS))),
+            _ => sim.complete(stream_of(rng.index(THREADS))),
         }
     }
     Ok(())

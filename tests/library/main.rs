@@ -8,8 +8,6 @@
 mod model;
 #[path = "../common/python_pickle.rs"]
 mod python_pickle;
-#[path = "../common/rng.rs"]
-mod rng;
 #[path = "../common/snapshots.rs"]
 mod snapshots;
 

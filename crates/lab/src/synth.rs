@@ -110,6 +110,12 @@ impl SplitMix {
     pub fn below(&mut self, n: u64) -> u64 {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
+
+    /// A position in a slice of `len` items (`below` as a `usize`).
+    #[inline]
+    pub fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
+    }
 }
 
 /// RMM's `RANDOM_ALLOCATIONS_BENCH` workload (`cpp/benchmarks/random_allocations`): `2 n` steps;
@@ -133,7 +139,7 @@ pub fn rmm_random(n: usize, max_size: u64, seed: u64) -> Trace {
             usage += size;
             made += 1;
         } else if !live.is_empty() {
-            let i = rng.below(live.len() as u64) as usize;
+            let i = rng.index(live.len());
             let a = live.swap_remove(i);
             usage -= a.1;
             b.free(a);
