@@ -10,6 +10,12 @@ impl Inner {
         self.stats.reserved_bytes.all().current as u64
     }
 
+    /// What the limit leaves to create: the bytes every shard holds count.
+    #[inline]
+    pub(super) fn room(&self) -> u64 {
+        self.limit.saturating_sub(self.shared.reserved())
+    }
+
     /// Where the physical pages are: in use, idle mapped, held unused, pooled ([`PageCounts`]).
     /// Walks the regions (`held_pages`): for reports.
     pub(super) fn page_counts(&self) -> PageCounts {
@@ -115,6 +121,20 @@ impl Inner {
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, bytes as i64);
         self.stats.num_device_free += 1;
+    }
+
+    /// One pooled handle of `bytes` handed to another shard (no driver call: `Inner::give_handles`).
+    pub(super) fn count_given(&mut self, bytes: u64) {
+        self.stats.segment.give(Pool::Large, 1);
+        self.stats.reserved_bytes.give(Pool::Large, bytes as i64);
+    }
+
+    /// One handle of `bytes` another shard handed over (`Inner::take_handles`).
+    pub(super) fn count_taken(&mut self, bytes: u64) {
+        self.stats.segment.increase(Pool::Large, 1);
+        self.stats
+            .reserved_bytes
+            .increase(Pool::Large, bytes as i64);
     }
 
     /// A request that ran out of memory.

@@ -5,12 +5,33 @@
 use super::*;
 
 impl Inner {
+    /// A request of `stream` (in private pool `pool`, if any) on the only shard serving: the
+    /// block, or the out-of-memory error (counted) when even the out-of-memory ladder found none.
+    #[inline]
     pub(super) fn malloc(
         &mut self,
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Block> {
+        match self.try_malloc(size, stream, pool, true)? {
+            Some(b) => Ok(b),
+            None => Err(self.out_of_memory(size)),
+        }
+    }
+
+    /// A request of `stream` (in private pool `pool`, if any): the block, or `None` when even the
+    /// out-of-memory ladder found no memory (nothing counted yet: the arena may free memory
+    /// elsewhere and ask again, or count it with `out_of_memory`). With `release` false the
+    /// ladder stops before giving this shard's cache back to the driver (other shards' cached
+    /// pages may come first: `Arena::short_of_memory`).
+    pub(super) fn try_malloc(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+        release: bool,
+    ) -> Result<Option<Block>> {
         self.poll_pending();
         self.lend_ok = false;
         let s = self.state_for(stream, pool)?;
@@ -25,15 +46,15 @@ impl Inner {
             // Empty slabs kept for their size class hold pages no live allocation needs: let
             // them go (host only, no driver call) and look again.
             if self.dissolve_empty_slabs() == 0 || !self.within_reach(size) {
-                return Err(self.out_of_memory(size));
+                return Ok(None);
             }
         }
         let created = self.stats.num_device_alloc;
         self.serving = size;
         match self.try_alloc(size, s, false) {
-            Ok(b) => Ok(self.block(b)),
+            Ok(b) => Ok(Some(self.block(b))),
             Err(Miss::Device(e)) => Err(e.into()),
-            Err(Miss::NoMemory) => self.escalate(size, stream, pool, created),
+            Err(Miss::NoMemory) => self.escalate(size, stream, pool, created, release),
         }
     }
 
@@ -83,7 +104,20 @@ impl Inner {
         Block {
             ptr,
             size,
-            seq: self.allocs,
+            seq: self.seq_of(self.allocs),
         }
+    }
+
+    /// The number of this shard's `n`th block: `n` while one shard serves; once several do,
+    /// unique on the device, from where shard 0 had got to, shard by shard in turn (so blocks
+    /// of one shard are in order, and of several nearly so).
+    #[inline]
+    fn seq_of(&self, n: u64) -> u64 {
+        if !self.shared.multi() {
+            return n;
+        }
+        let base = self.shared.seq_base();
+        let from = if self.shard == 0 { base } else { 0 };
+        base + 1 + (n - 1 - from) * SHARDS as u64 + self.shard as u64
     }
 }

@@ -14,9 +14,14 @@ use super::*;
 /// 0.94-0.98x, 0.80-0.82x).
 const SPIN_PAUSES: u32 = 4000;
 
-impl Arena {
-    /// An arena on `dev` with the settings of `conf`.
-    pub fn new(dev: Arc<dyn Device>, conf: &Config) -> Result<Arena> {
+impl Inner {
+    /// One shard's state on `dev` with the settings of `conf`, sharing `shared` with the others.
+    fn new(
+        dev: Arc<dyn Device>,
+        conf: &Config,
+        shared: Arc<Shared>,
+        shard: usize,
+    ) -> Result<Inner> {
         let info = dev.info().clone();
         if !(1..=crate::config::MAX_PAGE_SIZE_MB).contains(&conf.page_size_mb) {
             return Err(Error::Config(format!(
@@ -114,10 +119,70 @@ impl Arena {
             pools: HashMap::new(),
             pool_states: HashMap::new(),
             recording_pools: 0,
+            shared,
+            shard,
         };
-        Ok(Arena {
-            inner: Mutex::new(inner),
-        })
+        Ok(inner)
+    }
+}
+
+impl Arena {
+    /// An arena on `dev` with the settings of `conf`.
+    pub fn new(dev: Arc<dyn Device>, conf: &Config) -> Result<Arena> {
+        let shared = Arc::new(Shared::new());
+        let shards = (0..SHARDS)
+            .map(|i| {
+                Inner::new(dev.clone(), conf, shared.clone(), i).map(|inner| Shard {
+                    inner: Mutex::new(inner),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_boxed_slice();
+        Ok(Arena { shards, shared })
+    }
+
+    /// Run `f` on shard `i`'s state under its lock, keeping the device's statistics
+    /// (`shared.rs`): while only one shard has served, its own statistics are the device's; once
+    /// a second one has, what `f` changes in the shard's goes to the board as well.
+    #[inline]
+    pub(super) fn on<R>(&self, i: usize, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let mut g = self.lock_hot(i);
+        if !self.shared.multi() {
+            if i != 0 {
+                return self.first_on(i, g, f);
+            }
+            return f(&mut g);
+        }
+        counted(&self.shared, i, &mut g, f)
+    }
+
+    /// The first request of a shard other than shard 0 (the one every stream went to before):
+    /// from now on the device's statistics are kept on the board, starting from shard 0's.
+    #[cold]
+    fn first_on<R>(
+        &self,
+        i: usize,
+        g: parking_lot::MutexGuard<'_, Inner>,
+        f: impl FnOnce(&mut Inner) -> R,
+    ) -> R {
+        drop(g);
+        {
+            let first = self.shards[0].inner.lock();
+            if !self.shared.multi() {
+                self.shared.go_multi(&first.stats, first.allocs);
+            }
+        }
+        let mut g = self.lock_hot(i);
+        counted(&self.shared, i, &mut g, f)
+    }
+
+    /// The shards that have served, shard 0 first: every shard while the board keeps the
+    /// statistics, else shard 0 alone (no other has state).
+    pub(super) fn used(&self) -> std::ops::Range<usize> {
+        match self.shared.multi() {
+            true => 0..self.shards.len(),
+            false => 0..1,
+        }
     }
 
     /// At least `size` (> 0) bytes, 512-byte aligned, usable on `stream` at once.
@@ -128,25 +193,149 @@ impl Arena {
     /// [`Arena::malloc`], with what a layer above needs to know of the block without asking
     /// again: its size and its number ([`Block`]).
     pub fn alloc(&self, size: u64, stream: StreamId) -> Result<Block> {
-        let mut g = self.lock_hot();
-        g.malloc(size, stream, None)
+        // One shard serving (a stream alone, the usual case): what one lock did, no more.
+        if self.shared.alone(stream) {
+            let mut g = self.lock_hot(0);
+            // A second shard starts serving under shard 0's lock (`first_on`): still one.
+            if !self.shared.multi() {
+                return g.malloc(size, stream, None);
+            }
+        }
+        self.alloc_in(size, stream, None)
+    }
+
+    /// A request of `stream` (in private pool `pool`, if any) on its shard. When that shard runs
+    /// out, the others' cached memory is given back to the driver and the request tries once more.
+    pub(super) fn alloc_in(
+        &self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<Block> {
+        let i = self.shared.shard_of(stream);
+        // With other shards in use, their cached pages come before this one's go to the driver.
+        let release = !self.shared.multi();
+        let first = self.on(i, |g| g.try_malloc(size, stream, pool, release))?;
+        match first {
+            Some(b) => Ok(b),
+            None => self.short_of_memory(i, size, stream, pool),
+        }
+    }
+
+    /// Shard `i` could not serve the request even after its own out-of-memory ladder: the other
+    /// shards' cached pages come to it (unmapped there, mapped here: no handle created or
+    /// released), and it tries once more; then what they still cache goes back to the driver,
+    /// and it tries a last time, or fails.
+    #[cold]
+    fn short_of_memory(
+        &self,
+        i: usize,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<Block> {
+        if !self.shared.multi() {
+            return Err(self.on(i, |g| g.out_of_memory(size)));
+        }
+        let mut moved = false;
+        for j in self.used().filter(|&j| j != i) {
+            let handles = self.on(j, |g| g.give_handles())?;
+            if !handles.is_empty() {
+                moved = true;
+                self.on(i, |g| g.take_handles(handles));
+            }
+        }
+        if moved && let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, false))? {
+            return Ok(b);
+        }
+        // The whole ladder now: this shard's own cache may go to the driver too.
+        if let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, true))? {
+            return Ok(b);
+        }
+        let mut released = 0;
+        for j in self.used().filter(|&j| j != i) {
+            released += self.on(j, |g| g.reclaim(true))?.bytes_released;
+        }
+        if released > 0
+            && let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, true))?
+        {
+            return Ok(b);
+        }
+        // The message speaks of the device: every shard's memory.
+        let mut figures = super::ladder::OomFigures::default();
+        for j in self.used() {
+            figures += self.on(j, |g| g.oom_figures());
+        }
+        Err(self.on(i, |g| {
+            g.count_oom();
+            Error::OutOfMemory(g.oom_text(size, &figures))
+        }))
     }
 
     /// Free `ptr`. `size`, when given, must equal the request; a mismatch is reported but the
-    /// allocation is still freed (the pointer is what names it).
-    pub fn free(&self, ptr: DevPtr, size: Option<u64>, _stream: StreamId) -> Result<()> {
-        let mut g = self.lock_hot();
-        g.poll_pending();
-        let r = g.free(ptr, size);
-        if r.is_err() {
-            g.bad_frees += 1;
+    /// allocation is still freed (the pointer is what names it). `stream` is the one the
+    /// allocation was made on (what PyTorch passes): its shard is asked first.
+    pub fn free(&self, ptr: DevPtr, size: Option<u64>, stream: StreamId) -> Result<()> {
+        if self.shared.alone(stream) {
+            let mut g = self.lock_hot(0);
+            if !self.shared.multi() {
+                g.poll_pending();
+                let r = g.free(ptr, size);
+                if r.is_err() {
+                    g.bad_frees += 1;
+                }
+                return r;
+            }
         }
-        r
+        let i = self.shared.shard_of(stream);
+        let r = self.on(i, |g| {
+            g.poll_pending();
+            g.free(ptr, size)
+        });
+        match r {
+            Err(Error::BadPointer(PointerFault::Unknown, _)) if self.shared.multi() => {
+                self.free_elsewhere(i, ptr, size, r)
+            }
+            r => {
+                if r.is_err() {
+                    self.on(i, |g| g.bad_frees += 1);
+                }
+                r
+            }
+        }
     }
 
-    /// The lock, for a request, a free or a `record_stream`: spins up to [`SPIN_PAUSES`] pause
-    /// instructions before it waits the way `parking_lot` does (spin a little, then sleep in the
-    /// kernel).
+    /// A pointer shard `i` does not know: freed by the shard whose memory holds it, if any; else
+    /// the error `unknown` (shard `i`'s).
+    #[cold]
+    fn free_elsewhere(
+        &self,
+        i: usize,
+        ptr: DevPtr,
+        size: Option<u64>,
+        unknown: Result<()>,
+    ) -> Result<()> {
+        for j in self.used().filter(|&j| j != i) {
+            let r = self.on(j, |g| {
+                g.region_of(ptr)?;
+                g.poll_pending();
+                let r = g.free(ptr, size);
+                if r.is_err() {
+                    g.bad_frees += 1;
+                }
+                Some(r)
+            });
+            if let Some(r) = r {
+                return r;
+            }
+        }
+        self.on(i, |g| g.bad_frees += 1);
+        unknown
+    }
+
+    /// The lock of shard `i`, for a request, a free or a `record_stream`: spins up to
+    /// [`SPIN_PAUSES`] pause instructions before it waits the way `parking_lot` does (spin a
+    /// little, then sleep in the kernel).
     ///
     /// Why: the lock's hot sections take 100 to 300 ns, and two threads allocating at once
     /// meet at it often. Parked, a waiter costs two system calls and a wake-up of several
@@ -155,15 +344,16 @@ impl Arena {
     /// Spinning, it takes the lock as soon as the holder lets go. A holder that is slow (a
     /// driver call, the out-of-memory ladder) outlasts the spin, and the waiter then sleeps.
     #[inline]
-    pub(super) fn lock_hot(&self) -> parking_lot::MutexGuard<'_, Inner> {
-        if let Some(g) = self.inner.try_lock() {
+    pub(super) fn lock_hot(&self, i: usize) -> parking_lot::MutexGuard<'_, Inner> {
+        if let Some(g) = self.shards[i].inner.try_lock() {
             return g;
         }
-        self.lock_contended()
+        self.lock_contended(i)
     }
 
     #[cold]
-    fn lock_contended(&self) -> parking_lot::MutexGuard<'_, Inner> {
+    fn lock_contended(&self, i: usize) -> parking_lot::MutexGuard<'_, Inner> {
+        let lock = &self.shards[i].inner;
         // Bursts of pauses, doubling to 64, with one try between them: a waiter that reads
         // the lock after every pause takes its cache line from the holder, whose unlock then
         // waits for it (measured, 3 runs: 2 threads 0.85x of one thread's throughput where
@@ -175,63 +365,78 @@ impl Arena {
             }
             spent += burst;
             burst = (burst * 2).min(64);
-            if let Some(g) = self.inner.try_lock() {
+            if let Some(g) = lock.try_lock() {
                 return g;
             }
         }
-        self.inner.lock()
+        lock.lock()
+    }
+
+    /// The first shard (in order) for which `f` says something, under its lock.
+    pub(super) fn find<R>(&self, mut f: impl FnMut(&mut Inner) -> Option<R>) -> Option<R> {
+        self.used().find_map(|i| self.on(i, &mut f))
     }
 
     /// Whether `ptr` lies in memory this arena manages.
     pub fn owns(&self, ptr: DevPtr) -> bool {
-        self.inner.lock().region_of(ptr).is_some()
+        self.find(|g| g.region_of(ptr)).is_some()
     }
 
     /// The allocation at `ptr` is also used on `stream`: its memory is not reused until the work
     /// queued on `stream` before its free has completed. Returns the allocation's base.
     pub fn record_stream(&self, ptr: DevPtr, stream: StreamId) -> Result<DevPtr> {
-        let mut g = self.lock_hot();
-        let (base, owner) = g.live_allocation(ptr).ok_or_else(|| {
-            g.bad_frees += 1;
+        let found = self.find(|g| {
+            let (base, owner) = g.live_allocation(ptr)?;
+            if g.streams[owner as usize].id != stream {
+                let list = g.recorded.entry(base).or_default();
+                if !list.contains(&stream) {
+                    list.push(stream);
+                }
+            }
+            Some(base)
+        });
+        found.ok_or_else(|| {
+            self.on(0, |g| g.bad_frees += 1);
             Error::BadPointer(
                 PointerFault::Unknown,
                 format!(
                     "record_stream: pointer {ptr:#x} is not inside a live torch-arena allocation"
                 ),
             )
-        })?;
-        if g.streams[owner as usize].id != stream {
-            let list = g.recorded.entry(base).or_default();
-            if !list.contains(&stream) {
-                list.push(stream);
-            }
-        }
-        Ok(base)
+        })
     }
 
     /// The live allocation containing `ptr`: its base pointer and block size.
     pub fn base_alloc(&self, ptr: DevPtr) -> Result<(DevPtr, u64)> {
-        let g = self.inner.lock();
-        let (base, _) = g.live_allocation(ptr).ok_or_else(|| {
+        self.find(|g| {
+            let (base, _) = g.live_allocation(ptr)?;
+            Some((base, g.block_len(base)))
+        })
+        .ok_or_else(|| {
             Error::BadPointer(
                 PointerFault::Unknown,
                 format!("base_alloc: pointer {ptr:#x} is not inside a live torch-arena allocation"),
             )
-        })?;
-        Ok((base, g.block_len(base)))
+        })
     }
 
     /// `empty_cache`: wait for every stream, then give every cached page back to the driver.
     pub fn empty_cache(&self) -> Result<ReclaimReport> {
-        let mut g = self.inner.lock();
-        g.reclaim(true)
+        self.reclaim(true)
     }
 
     /// Wait for every stream, then return empty slabs and cached ranges to the page pool (pages
     /// stay created, ready to back any new range). Says what was recovered.
     pub fn defragment(&self) -> Result<ReclaimReport> {
-        let mut g = self.inner.lock();
-        g.reclaim(false)
+        self.reclaim(false)
+    }
+
+    fn reclaim(&self, release: bool) -> Result<ReclaimReport> {
+        let mut report = ReclaimReport::default();
+        for i in self.used() {
+            report += self.on(i, |g| g.reclaim(release))?;
+        }
+        Ok(report)
     }
 
     /// Cap physical memory at `fraction` of the device. Cached pages above the new cap are
@@ -239,34 +444,66 @@ impl Arena {
     /// with them, waiting for it if need be); live memory is never touched, so reserved memory can
     /// stay above the cap only by what live allocations hold.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
-        let mut g = self.inner.lock();
-        g.fraction = fraction;
-        g.limit = limit_for(g.info.total_bytes, fraction, g.page);
-        g.large_pages = large_pages(g.limit, g.page);
-        g.idle_large = g.count_idle_large();
-        g.trim_to_limit()
+        // Every shard takes the new limit before any trims, so that none creates past it.
+        for shard in self.shards.iter() {
+            let mut g = shard.inner.lock();
+            g.fraction = fraction;
+            g.limit = limit_for(g.info.total_bytes, fraction, g.page);
+            g.large_pages = large_pages(g.limit, g.page);
+            g.idle_large = g.count_idle_large();
+        }
+        for i in self.used() {
+            self.on(i, |g| g.trim_to_limit())?;
+        }
+        Ok(())
     }
 
     pub fn stats(&self) -> DeviceStats {
-        self.inner.lock().stats.clone()
+        if !self.shared.multi() {
+            return self.shards[0].inner.lock().stats.clone();
+        }
+        // Every shard locked, so that no request is under way (`shared::Peaks::peaks`).
+        let shards = self.lock_all();
+        let mut stats = DeviceStats::new();
+        for g in &shards {
+            stats.fold(&g.stats);
+        }
+        stats.set_peaks(&self.shared.peaks.peaks());
+        stats
+    }
+
+    /// Every shard's lock, in order (the lock order; `ARCHITECTURE.md`).
+    fn lock_all(&self) -> Vec<parking_lot::MutexGuard<'_, Inner>> {
+        self.shards.iter().map(|s| s.inner.lock()).collect()
     }
 
     pub fn reset_peak_stats(&self) {
-        self.inner.lock().reset_peaks();
+        let mut shards = self.lock_all();
+        for g in shards.iter_mut() {
+            g.reset_peaks();
+        }
+        if self.shared.multi() {
+            let currents: Vec<_> = shards.iter().map(|g| g.stats.currents()).collect();
+            self.shared.peaks.reset(&currents);
+        }
     }
 
     /// Where the physical pages are: in use, idle mapped, held unused, pooled (also in
     /// [`Arena::extras`], which costs more: it walks the slabs too). One visit per mapped handle
     /// and per unmapped page of every region, under the lock: for reports, not every malloc.
     pub fn pages(&self) -> PageCounts {
-        self.inner.lock().page_counts()
+        let mut pages = PageCounts::default();
+        for i in self.used() {
+            pages += self.on(i, |g| g.page_counts());
+        }
+        pages
     }
 
     /// `(limit, free)`: the bytes this arena may hold reserved (the device's capacity, or the
     /// memory fraction of it), and the device's free bytes as the driver reports them (0 where
     /// it cannot say). One driver call: for reports and the out-of-memory path.
     pub fn limits(&self) -> (u64, u64) {
-        let g = self.inner.lock();
+        let g = self.shards[0].inner.lock();
         let free = g.dev.mem_get_info().map_or(0, |(free, _)| free);
         (g.limit, free)
     }
@@ -274,29 +511,41 @@ impl Arena {
     /// Physical memory created so far, by whether its request took the bytes requested to a new
     /// peak (also in [`Arena::extras`], which costs more: it walks the slabs).
     pub fn growth(&self) -> GrowthCounts {
-        self.inner.lock().growth
+        let mut growth = GrowthCounts::default();
+        for i in self.used() {
+            growth += self.on(i, |g| g.growth);
+        }
+        growth
     }
 
     pub fn reset_accumulated_stats(&self) {
-        self.inner.lock().reset_accumulated();
+        for mut g in self.lock_all() {
+            g.reset_accumulated();
+        }
     }
 
     /// Pages lent now: idle pages of a mapping a live block pins, mapped a second time where a
     /// request at the limit needed them (`Inner::lend_idle`).
     pub fn lent_pages(&self) -> u64 {
-        self.inner.lock().lent_pages
+        self.used().map(|i| self.on(i, |g| g.lent_pages)).sum()
     }
 
     pub fn extras(&self) -> ArenaExtras {
-        self.inner.lock().extras()
+        let mut extras = self.on(0, |g| g.extras());
+        for i in self.used().skip(1) {
+            extras.merge(self.on(i, |g| g.extras()));
+        }
+        extras
     }
 
-    /// The device this arena allocates from.
-    /// Before `fork()` (`crate::fork`): takes the arena's lock, then its device's locks.
+    /// Before `fork()` (`crate::fork`): takes every shard's lock in order, then the device's
+    /// locks.
     pub fn fork_prepare(&self) {
-        let g = self.inner.lock();
-        g.dev.fork_prepare();
-        std::mem::forget(g);
+        let guards: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        guards[0].dev.fork_prepare();
+        for g in guards {
+            std::mem::forget(g);
+        }
     }
 
     /// After `fork()`, in the parent (`child` false) or the child: gives back what
@@ -305,20 +554,60 @@ impl Arena {
     /// # Safety
     /// Once after each `fork_prepare`, on the same thread.
     pub unsafe fn fork_release(&self, child: bool) {
-        // SAFETY: this thread holds the lock (the caller's contract), so the state is ours to
-        // read, and it is given back after the device's.
+        // SAFETY: this thread holds every shard's lock (the caller's contract), so their state
+        // is ours to read, and they are given back after the device's.
         unsafe {
-            (*self.inner.data_ptr()).dev.fork_release(child);
-            crate::fork::release(&self.inner, child);
+            (*self.shards[0].inner.data_ptr()).dev.fork_release(child);
+            for shard in self.shards.iter().rev() {
+                crate::fork::release(&shard.inner, child);
+            }
         }
     }
 
     pub fn device(&self) -> Arc<dyn Device> {
-        self.inner.lock().dev.clone()
+        self.shards[0].inner.lock().dev.clone()
     }
 
     /// Check every internal invariant, walking all state (tests only: O(everything)).
     pub fn check_consistency(&self) -> std::result::Result<(), String> {
-        self.inner.lock().check_consistency()
+        let mut held = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let g = shard.inner.lock();
+            g.check_consistency()
+                .map_err(|e| format!("shard {i}: {e}"))?;
+            held += g.reserved();
+        }
+        let counted = self.shared.reserved();
+        let limit = self.shards[0].inner.lock().limit;
+        if counted > limit {
+            return Err(format!(
+                "the shards hold {counted} bytes, over the limit of {limit}"
+            ));
+        }
+        if held != counted {
+            return Err(format!(
+                "the shards hold {held} bytes, the limit counts {counted}"
+            ));
+        }
+        if self.shared.multi() {
+            let stats = self.stats();
+            for (k, (c, p)) in stats.currents().iter().zip(stats.peaks()).enumerate() {
+                if *c > p {
+                    return Err(format!(
+                        "statistic {k}: the device's current value {c} is over its peak {p}"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
+}
+
+/// Run `f` on shard `i`'s state `g` once several shards serve: what it changed in the shard's
+/// statistics goes to the device's peaks (`shared::Peaks`).
+fn counted<R>(shared: &Shared, i: usize, g: &mut Inner, f: impl FnOnce(&mut Inner) -> R) -> R {
+    let start = g.stats.currents();
+    let r = f(g);
+    shared.peaks.request_ended(i, &start, &g.stats.currents());
+    r
 }

@@ -42,19 +42,31 @@ impl Arena {
     /// captures that already use it) serves the allocations the caller routes to it with
     /// [`Arena::malloc_pool`] until [`Arena::end_pool`]. Fails if `id` is already recording.
     pub fn begin_pool(&self, id: PoolId) -> Result<()> {
-        self.inner.lock().begin_pool(id)
+        self.every_shard(|g| g.begin_pool(id))
     }
 
     /// `endAllocateToPool(device, id)`: the capture ended; the pool keeps its memory.
     pub fn end_pool(&self, id: PoolId) -> Result<()> {
-        self.inner.lock().end_pool(id)
+        self.every_shard(|g| g.end_pool(id))
+    }
+
+    /// A pool call on every shard, in order (each keeps its own record of the pool, and each
+    /// sees the same calls, so the first to refuse one refuses it for all: none is changed).
+    fn every_shard(&self, mut f: impl FnMut(&mut Inner) -> Result<()>) -> Result<()> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            match i < self.used().end {
+                true => self.on(i, &mut f)?,
+                false => f(&mut shard.inner.lock())?,
+            }
+        }
+        Ok(())
     }
 
     /// `releasePool(device, id)`: one use of pool `id` ends (a graph was reset or destroyed).
     /// With none left, the pool's memory returns to general use as it becomes free, once a
     /// device-wide synchronisation proves the graph no longer runs.
     pub fn release_pool(&self, id: PoolId) -> Result<()> {
-        self.inner.lock().release_pool(id)
+        self.every_shard(|g| g.release_pool(id))
     }
 
     /// At least `size` (> 0) bytes of pool `id` for `stream`. A pool that is not recording
@@ -66,23 +78,54 @@ impl Arena {
 
     /// [`Arena::malloc_pool`], with the block's size and number ([`Block`]).
     pub fn alloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<Block> {
-        let mut g = self.lock_hot();
-        if !g.pools.get(&id).is_some_and(|p| p.recording) {
+        let i = self.shared.shard_of(stream);
+        let recording = self.on(i, |g| g.pools.get(&id).is_some_and(|p| p.recording));
+        if !recording {
             tracing::debug!(
                 target: LOG_TARGET,
                 "allocation for private pool ({}, {}), which is not recording: general memory",
                 id.0,
                 id.1
             );
-            return g.malloc(size, stream, None);
+            return self.alloc_in(size, stream, None);
         }
-        g.malloc(size, stream, Some(id))
+        self.alloc_in(size, stream, Some(id))
     }
 
     /// What pool `id` holds; `None` for a pool this arena does not know (never begun, or
     /// released and wholly given back).
     pub fn pool_info(&self, id: PoolId) -> Option<PoolInfo> {
-        let g = self.inner.lock();
+        let mut all: Option<PoolInfo> = None;
+        for i in self.used() {
+            let Some(info) = self.on(i, |g| g.pool_info(id)) else {
+                continue;
+            };
+            match &mut all {
+                None => all = Some(info),
+                Some(all) => {
+                    all.states += info.states;
+                    all.mapped_pages += info.mapped_pages;
+                    all.used_pages += info.used_pages;
+                }
+            }
+        }
+        all
+    }
+
+    /// The private pool whose memory holds `ptr`, if any (live or not).
+    pub fn pool_of(&self, ptr: DevPtr) -> Option<PoolId> {
+        self.find(|g| {
+            let r = g.region_of(ptr)?;
+            Some(g.streams[g.regions[r as usize].stream as usize].pool)
+        })
+        .flatten()
+    }
+}
+
+impl Inner {
+    /// What pool `id` holds in this shard.
+    fn pool_info(&self, id: PoolId) -> Option<PoolInfo> {
+        let g = self;
         let p = g.pools.get(&id)?;
         let mut info = PoolInfo {
             use_count: p.use_count,
@@ -103,13 +146,6 @@ impl Arena {
             }
         }
         Some(info)
-    }
-
-    /// The private pool whose memory holds `ptr`, if any (live or not).
-    pub fn pool_of(&self, ptr: DevPtr) -> Option<PoolId> {
-        let g = self.inner.lock();
-        let r = g.region_of(ptr)?;
-        g.streams[g.regions[r as usize].stream as usize].pool
     }
 }
 
@@ -413,20 +449,15 @@ impl Inner {
         }
         (pools.len() as u64, pages)
     }
-}
 
-/// A pool hook called out of order: the caller broke the contract.
-impl Inner {
-    /// For the out-of-memory message: what private pools hold that nothing else may use, as
-    /// PyTorch's message names memory "allocated in private pools (e.g., CUDA Graphs)". Empty
-    /// when no pool holds a page. O(pages of the live pools), on the failure path only.
-    pub(super) fn pool_oom_note(&self) -> String {
+    /// Live private pools, and the pages they hold (per handle: its pages), and of those the
+    /// pages in no use: what the out-of-memory message says of them.
+    pub(super) fn pool_pages(&self) -> (u64, u64, u64) {
         let (mut pools, mut pages, mut unused) = (0u64, 0u64, 0u64);
         for p in self.pools.values().filter(|p| !p.released) {
             pools += 1;
             for &s in &p.states {
                 for &r in &self.streams[s as usize].regions {
-                    // Per handle: its pages, less those in use.
                     for slot in self.regions[r as usize].pages.iter().filter(|s| s.hlen > 0) {
                         pages += slot.hlen as u64;
                         unused += (slot.hlen - slot.busy) as u64;
@@ -434,15 +465,7 @@ impl Inner {
                 }
             }
         }
-        if pages == 0 {
-            return String::new();
-        }
-        format!(
-            " Of the reserved memory, {} is held by {pools} private pool(s) (CUDA graphs), {} of it \
-             free but kept for the graphs' replays until they are reset.",
-            format_size(pages * self.page),
-            format_size(unused * self.page),
-        )
+        (pools, pages, unused)
     }
 }
 

@@ -88,6 +88,32 @@ impl Inner {
         self.lent_pages -= lend.k as u64;
     }
 
+    /// For a shard that ran out: every idle mapping this shard's streams are proven done with is
+    /// unmapped (waiting for them, as the out-of-memory ladder does), and every whole pooled
+    /// handle leaves, for `take_handles` there (no driver call: CUDA handles belong to the
+    /// device, not to a shard). Pieces of handles still mapped in part stay.
+    pub(super) fn give_handles(&mut self) -> Result<Vec<(PageHandle, u32)>> {
+        self.reclaim(false)?;
+        let mut out = Vec::new();
+        while let Some((h, k)) = self.pool_take_whole(u32::MAX) {
+            if let Some(k) = self.shared_handles.remove(&h.0) {
+                self.shared_pages -= k as u64;
+            }
+            self.count_given(k as u64 * self.page);
+            out.push((h, k));
+        }
+        Ok(out)
+    }
+
+    /// Handles another shard gave (`give_handles`), into this shard's pool.
+    pub(super) fn take_handles(&mut self, handles: Vec<(PageHandle, u32)>) {
+        let now = Instant::now();
+        for (h, k) in handles {
+            self.count_taken(k as u64 * self.page);
+            self.pool_put(Run::whole(h, k), now);
+        }
+    }
+
     /// Put an unmapped piece in the pool. A whole handle goes to `pool`; a piece of a split
     /// handle to `parts`, unless it is the last one missing, when the handle is whole again.
     pub(super) fn pool_put(&mut self, run: Run, when: Instant) {

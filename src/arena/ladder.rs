@@ -9,17 +9,19 @@ impl Inner {
     /// The out-of-memory ladder, for a request the first try could not serve: each step frees
     /// more (wait for every stream, then give back what is cached) and the request is tried
     /// again; a request that still fails gives back the pages created for it since `created`
-    /// (`num_device_alloc` when it began) and is an out-of-memory error.
+    /// (`num_device_alloc` when it began) and is `None`.
     pub(super) fn escalate(
         &mut self,
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
         created: i64,
-    ) -> Result<Block> {
+        release: bool,
+    ) -> Result<Option<Block>> {
         // The escalation ladder: each step frees more, then the request is tried again.
-        for step in [Escalation::SynchronizeAll, Escalation::ReleaseCached] {
-            match step {
+        let steps = [Escalation::SynchronizeAll, Escalation::ReleaseCached];
+        for step in &steps[..if release { 2 } else { 1 }] {
+            match *step {
                 // Wait for every stream so pending frees finish and every idle page is safe to
                 // move, then take pages from anywhere.
                 Escalation::SynchronizeAll => {
@@ -41,7 +43,7 @@ impl Inner {
             // Releasing may have retired this very stream (it held nothing): look it up again.
             let s = self.state_for(stream, pool)?;
             match self.try_alloc(size, s, true) {
-                Ok(b) => return Ok(self.block(b)),
+                Ok(b) => return Ok(Some(self.block(b))),
                 Err(Miss::Device(e)) => return Err(e.into()),
                 Err(Miss::NoMemory) => {}
             }
@@ -58,7 +60,7 @@ impl Inner {
             }
             mine -= 1;
         }
-        Err(self.out_of_memory(size))
+        Ok(None)
     }
 
     /// Whether the whole device was synchronised (not during a capture).
@@ -172,6 +174,7 @@ impl Inner {
         if let Some(k) = self.shared_handles.remove(&h.0) {
             self.shared_pages -= k as u64;
         }
+        self.shared.unreserve(k as u64 * self.page);
         self.count_released(Pool::Large, k as u64 * self.page);
         Ok(())
     }
@@ -193,15 +196,16 @@ impl Inner {
         self.forget_region(id);
         self.streams[s as usize].regions.retain(|&r| r != id);
         self.free_regions.push(id);
+        self.shared.unreserve(len);
         self.count_released(pool, len);
         Ok(())
     }
 
-    /// Release cached pages until reserved memory is within the limit: the pool first, then idle
-    /// mapped pages (each once its stream is done with it, waiting if need be), then empty plain
-    /// segments.
+    /// Release this shard's cached pages until the memory all shards hold is within the limit:
+    /// the pool first, then idle mapped pages (each once its stream is done with it, waiting if
+    /// need be), then empty plain segments.
     pub(super) fn trim_to_limit(&mut self) -> Result<()> {
-        while self.reserved() > self.limit {
+        while self.shared.reserved() > self.limit {
             if let Some((h, k)) = self.pool_take_whole(u32::MAX) {
                 self.release_handle(h, k)?;
                 continue;
@@ -293,26 +297,61 @@ impl Inner {
     /// The out-of-memory message: what the device has, and where every reserved byte is, each
     /// kind named with what would free it. O(pages), on the failure path only.
     pub(super) fn oom_message(&self, size: u64) -> String {
-        let (free, total) = self
-            .dev
-            .mem_get_info()
-            .unwrap_or((0, self.info.total_bytes));
+        self.oom_text(size, &self.oom_figures())
+    }
+
+    /// What the out-of-memory message says of this shard's memory (`OomFigures`).
+    pub(super) fn oom_figures(&self) -> OomFigures {
         let s = &self.stats;
-        let reserved = s.reserved_bytes.all().current as u64;
         let allocated = s.allocated_bytes.all().current as u64;
         // Idle mapped and pooled pages, as `pages()` and the replay count them (`cached_bytes`).
         let pages = self.page_counts();
-        // Freed, but waiting for the streams they were used on (record_stream).
-        let pending = (s.active_bytes.all().current as u64).saturating_sub(allocated);
         // Idle pages of released private pools that no synchronisation has proven unused yet
         // are not usable: they are not "cached" (pool.rs, `released_pool_pages`).
         let (released_pools, released) = self.released_pool_pages();
         let released = released * self.page;
-        let idle = (pages.idle_mapped * self.page).saturating_sub(released);
-        let pooled = pages.pooled * self.page;
-        // Held pages of live private pools are reported with the pools (`pool_oom_note`).
-        let held = self.held_pages_outside_pools() * self.page;
-        let split = s.inactive_split_bytes.all().current.max(0) as u64;
+        let (pools, pool_pages, pool_unused) = self.pool_pages();
+        OomFigures {
+            reserved: s.reserved_bytes.all().current as u64,
+            allocated,
+            requested: s.requested_bytes.all().current as u64,
+            // Freed, but waiting for the streams they were used on (record_stream).
+            pending: (s.active_bytes.all().current as u64).saturating_sub(allocated),
+            released_pools,
+            released,
+            idle: (pages.idle_mapped * self.page).saturating_sub(released),
+            pooled: pages.pooled * self.page,
+            // Held pages of live private pools are reported with the pools (`pool_oom_note`).
+            held: self.held_pages_outside_pools() * self.page,
+            split: s.inactive_split_bytes.all().current.max(0) as u64,
+            live: s.allocation.all().current,
+            pools,
+            pool_bytes: pool_pages * self.page,
+            pool_unused: pool_unused * self.page,
+        }
+    }
+
+    /// The out-of-memory message for a request of `size` bytes, of memory `f` (this shard's, or
+    /// every shard's added up).
+    pub(super) fn oom_text(&self, size: u64, f: &OomFigures) -> String {
+        let (free, total) = self
+            .dev
+            .mem_get_info()
+            .unwrap_or((0, self.info.total_bytes));
+        let OomFigures {
+            reserved,
+            allocated,
+            requested,
+            pending,
+            released_pools,
+            released,
+            idle,
+            pooled,
+            held,
+            split,
+            live,
+            ..
+        } = *f;
         let allowed = if self.fraction < 1.0 {
             format!(
                 " Of the allowed {} (memory fraction),",
@@ -367,7 +406,7 @@ impl Inner {
             format_size(free),
             format_size(reserved),
             format_size(allocated),
-            format_size(s.requested_bytes.all().current as u64),
+            format_size(requested),
             format_size(idle + pooled),
             format_size(idle),
             format_size(pooled),
@@ -378,8 +417,62 @@ impl Inner {
             } else {
                 0.0
             },
-            s.allocation.all().current,
-            self.pool_oom_note(),
+            live,
+            pool_oom_note(f),
         )
     }
+}
+
+/// What an out-of-memory message says of the memory of one shard, or of several added up.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct OomFigures {
+    reserved: u64,
+    allocated: u64,
+    requested: u64,
+    pending: u64,
+    released_pools: u64,
+    released: u64,
+    idle: u64,
+    pooled: u64,
+    held: u64,
+    split: u64,
+    live: i64,
+    /// Live private pools (every shard knows every pool: the most, not the sum), the bytes
+    /// their pages hold, and of those the bytes no block uses.
+    pools: u64,
+    pool_bytes: u64,
+    pool_unused: u64,
+}
+
+impl std::ops::AddAssign for OomFigures {
+    fn add_assign(&mut self, o: OomFigures) {
+        self.reserved += o.reserved;
+        self.allocated += o.allocated;
+        self.requested += o.requested;
+        self.pending += o.pending;
+        self.released_pools += o.released_pools;
+        self.released += o.released;
+        self.idle += o.idle;
+        self.pooled += o.pooled;
+        self.held += o.held;
+        self.split += o.split;
+        self.live += o.live;
+        self.pools = self.pools.max(o.pools);
+        self.pool_bytes += o.pool_bytes;
+        self.pool_unused += o.pool_unused;
+    }
+}
+
+/// The private pools' part of the out-of-memory message.
+fn pool_oom_note(f: &OomFigures) -> String {
+    if f.pool_bytes == 0 {
+        return String::new();
+    }
+    format!(
+        " Of the reserved memory, {} is held by {} private pool(s) (CUDA graphs), {} of it \
+         free but kept for the graphs' replays until they are reset.",
+        format_size(f.pool_bytes),
+        f.pools,
+        format_size(f.pool_unused),
+    )
 }

@@ -226,7 +226,7 @@ impl Inner {
 
     /// Whether the limit leaves room to create `len` bytes more.
     fn room_for(&self, len: u64) -> bool {
-        self.limit.saturating_sub(self.reserved()) >= len
+        self.room() >= len
     }
 
     /// Whether placing a block of `len` bytes weighs `strands`: only while an idle large handle

@@ -73,7 +73,16 @@ impl Arena {
     /// The arena's segments and blocks, walked under its lock. O(regions' pages + live
     /// allocations): for reports only.
     pub fn layout(&self) -> Layout {
-        self.inner.lock().layout()
+        let mut all = self.on(0, |g| g.layout());
+        for i in self.used().skip(1) {
+            let l = self.on(i, |g| g.layout());
+            all.reserved += l.reserved;
+            all.allocated += l.allocated;
+            all.pooled += l.pooled;
+            all.segments.extend(l.segments);
+        }
+        all.segments.sort_by_key(|s| s.address);
+        all
     }
 }
 

@@ -19,8 +19,10 @@
 //!   S after the free has completed. Frees of allocations used on other streams (`record_stream`)
 //!   wait for events on those streams first.
 //!
-//! Files, one concern each (the types and the state behind the arena's lock are declared here,
-//! its public methods are in `api.rs`, and the rest is `impl Inner`):
+//! Files, one concern each (the types and the state behind each shard's lock are declared here,
+//! the arena's public methods are in `api.rs`, and the rest is `impl Inner`):
+//! - `shared.rs`: what the shards (one per stream) share: the limit's count, which shard serves
+//!   a stream, the device's peaks;
 //! - `alloc.rs`: the entry of every allocation: the state lookup, the size pre-check, one try;
 //! - `ladder.rs`: the out-of-memory ladder, and reclaiming (`empty_cache`, `defragment`, memory
 //!   fraction, decay);
@@ -51,6 +53,8 @@
 //!    and the out-of-memory message.
 //! 5. A physical page is mapped at two addresses only while lent, and then no block lies on it
 //!    where it was lent from (a placeholder holds it there).
+//! 6. The bytes all shards hold stay within the limit, and the device's statistics (3) hold for
+//!    the sum of the shards', with peaks the highest totals at request boundaries.
 
 mod accounting;
 mod alloc;
@@ -70,6 +74,7 @@ pub mod layout;
 mod page_table;
 mod pages;
 mod pool;
+mod shared;
 mod size_class;
 mod size_index;
 mod slab;
@@ -98,6 +103,7 @@ use crate::stats::{DeviceStats, Pool};
 use heap::{Fit, Heap};
 use int_map::IntMap;
 use page_table::{Lend, PageRef, PageSlot, Region, Run, Split};
+use shared::{SHARDS, Shared};
 use slab::Slab;
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
@@ -107,9 +113,18 @@ const BUCKETS: usize = 8;
 const MAX_REGION: u64 = 32 << 30;
 const NO_SLAB: u32 = u32::MAX;
 
-/// One device's arena. All state sits behind one lock; driver calls happen under it, but only on
-/// cache misses.
+/// One device's arena: a shard per stream (up to eight, then streams share them),
+/// each with all its state behind its own lock, and what they share (`shared.rs`). Driver calls
+/// happen under a shard's lock, but only on cache misses.
 pub struct Arena {
+    shards: Box<[Shard]>,
+    shared: Arc<Shared>,
+}
+
+/// One shard, on cache lines of its own (two: adjacent-line prefetch pairs them), so that two
+/// shards' locks never share one.
+#[repr(align(128))]
+struct Shard {
     inner: Mutex<Inner>,
 }
 
@@ -440,6 +455,10 @@ struct Inner {
     pool_states: HashMap<(PoolId, StreamId), u32>,
     /// Pools between `begin_pool` and `end_pool`: while any is, a capture may be under way.
     recording_pools: u32,
+    /// What this arena's shards share (`shared.rs`).
+    shared: Arc<Shared>,
+    /// This shard's index in its arena.
+    shard: usize,
 }
 
 fn limit_for(total: u64, fraction: f64, page: u64) -> u64 {

@@ -55,12 +55,19 @@ impl Inner {
                 Pool::Large if need < PLAIN_MEDIUM_SEGMENT / 2 => PLAIN_MEDIUM_SEGMENT,
                 Pool::Large => round_up(need, self.page),
             };
-            if self.reserved() + len > self.limit {
+            if !self.shared.try_reserve(len, self.limit) {
                 return Err(Miss::NoMemory);
             }
-            let base = self.dev.alloc_plain(len)?;
+            let base = match self.dev.alloc_plain(len) {
+                Ok(base) => base,
+                Err(e) => {
+                    self.shared.unreserve(len);
+                    return Err(e.into());
+                }
+            };
             if base == 0 {
                 let _ = self.dev.free_plain(base);
+                self.shared.unreserve(len);
                 return Err(Miss::Device(address_zero("cuMemAlloc")));
             }
             self.count_created(pool, len);
@@ -293,8 +300,7 @@ impl Inner {
         // A handle moves only whole, and stays where it is while any of its pages is in use: the
         // nearer the limit, the smaller the handles, so that memory stays free to move where
         // the next request needs it. At most 1/HEADROOM_SHARE of what the limit leaves.
-        let headroom = (self.limit.saturating_sub(self.reserved()) / self.page / HEADROOM_SHARE)
-            .clamp(1, u32::MAX as u64) as u32;
+        let headroom = (self.room() / self.page / HEADROOM_SHARE).clamp(1, u32::MAX as u64) as u32;
         // How far a step goes (`offered`: the free pages after the run it may cover; `scale`:
         // how many of them). The small pool's (a few pages, shared by slabs of every class)
         // scales with all that is held; a medium block's with the pages created in steps so far,
@@ -466,7 +472,7 @@ impl Inner {
         // away is missed where it was, in every later step that repeats this one, and moving it
         // waits for the GPU to finish with it. Pages move (stitching) only when creating all of
         // it would pass the limit, and on the last-resort path.
-        let grow = !anywhere && self.limit.saturating_sub(self.reserved()) / self.page >= n as u64;
+        let grow = !anywhere && self.room() / self.page >= n as u64;
         let mut got: Vec<Run> = Vec::new();
         let mut have = 0u32;
         while have < n {
@@ -503,16 +509,17 @@ impl Inner {
                     continue;
                 }
             }
-            let room = (self.limit.saturating_sub(self.reserved()) / self.page) as u32;
-            if room > 0 {
-                // A boundary page apart (`Extra`): the first alone, the rest but the last, then
-                // the last with any spare pages past it.
-                let k = match want {
-                    1 => (1 + spare).min(per_handle).min(room),
-                    _ if first_apart && have == 0 => 1,
-                    _ if last_apart => (want - 1).min(per_handle).min(room),
-                    _ => (want + spare).min(per_handle).min(room),
-                };
+            let room = (self.room() / self.page) as u32;
+            // A boundary page apart (`Extra`): the first alone, the rest but the last, then the
+            // last with any spare pages past it.
+            let k = match want {
+                1 => (1 + spare).min(per_handle).min(room),
+                _ if first_apart && have == 0 => 1,
+                _ if last_apart => (want - 1).min(per_handle).min(room),
+                _ => (want + spare).min(per_handle).min(room),
+            };
+            // Another shard may have taken the room since it was read: the reservation decides.
+            if room > 0 && self.shared.try_reserve(k as u64 * self.page, self.limit) {
                 match self.dev.create_page(k as u64 * self.page) {
                     Ok(h) => {
                         if stepping {
@@ -528,7 +535,10 @@ impl Inner {
                         have += k;
                         continue;
                     }
-                    Err(e) => return Err(self.give_back(got, e.into())),
+                    Err(e) => {
+                        self.shared.unreserve(k as u64 * self.page);
+                        return Err(self.give_back(got, e.into()));
+                    }
                 }
             }
             if anywhere

@@ -3,11 +3,15 @@
 
 use super::*;
 
-/// Streams kept without question. Past this many, a new stream first retires streams that hold
-/// nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests (their idle pages go
-/// to the pool, their reservations and page tables are given back).
+/// Streams kept without question, on the device. Past this many, a new stream first retires
+/// streams that hold nothing and made no request in the last [`STREAM_IDLE_REQUESTS`] requests
+/// (their idle pages go to the pool, their reservations and page tables are given back). A
+/// shard, which serves one stream in [`SHARDS`] and sees about that share of the requests, keeps
+/// that share of both.
 pub(super) const STREAMS_KEPT: usize = 16;
 pub(super) const STREAM_IDLE_REQUESTS: u64 = 256;
+const SHARD_STREAMS_KEPT: usize = STREAMS_KEPT.div_ceil(SHARDS);
+const SHARD_IDLE_REQUESTS: u64 = STREAM_IDLE_REQUESTS / SHARDS as u64;
 /// Driver events kept for reuse (stream fences, pending frees' events); past this many, an event
 /// given back is destroyed. A retired stream gives its fence back, so without a bound (or without
 /// reuse) every short-lived stream would leave an event in the driver (issue 37, item 3).
@@ -33,13 +37,14 @@ impl Inner {
         Ok(s)
     }
 
-    /// A stream seen for the first time. Past [`STREAMS_KEPT`] streams, streams that hold nothing
-    /// and were not used in the last [`STREAM_IDLE_REQUESTS`] requests are retired first, so host
-    /// memory and address space do not grow with the number of streams ever seen.
+    /// A stream seen for the first time. Past this shard's share of [`STREAMS_KEPT`] streams,
+    /// streams that hold nothing and were not used in its share of the last
+    /// [`STREAM_IDLE_REQUESTS`] requests are retired first, so host memory and address space do
+    /// not grow with the number of streams ever seen.
     #[cold]
     pub(super) fn new_stream(&mut self, id: StreamId) -> Result<u32> {
-        if self.stream_index.len() >= STREAMS_KEPT {
-            let before = self.tick.saturating_sub(STREAM_IDLE_REQUESTS);
+        if self.stream_index.len() >= SHARD_STREAMS_KEPT {
+            let before = self.tick.saturating_sub(SHARD_IDLE_REQUESTS);
             self.retire_idle_streams(false, before)?;
         }
         let s = self.add_state(id, None);

@@ -51,6 +51,9 @@ impl Stat {
     }
 }
 
+/// How many [`Stat`]s a [`DeviceStats`] holds: nine arrays of three, and the two oversize ones.
+pub const STATS: usize = 29;
+
 /// `[all, small_pool, large_pool]`, updated together: a change to a pool also changes `all`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatArray(pub [Stat; 3]);
@@ -87,6 +90,22 @@ impl StatArray {
             self.0[0].freed += n;
         }
         self.0[to as usize].increase(n);
+    }
+
+    /// `n` leaves for another part of the device (another shard of the arena), which counts it
+    /// with [`StatArray::increase`]: as [`StatArray::transfer`]'s `from` half, taking back its
+    /// allocation, so that the parts' sums count it once.
+    #[inline]
+    pub fn give(&mut self, pool: Pool, n: i64) {
+        for s in [0, pool as usize] {
+            let s = &mut self.0[s];
+            s.current -= n;
+            if s.allocated >= n {
+                s.allocated -= n;
+            } else {
+                s.freed += n;
+            }
+        }
     }
 
     pub fn all(&self) -> &Stat {
@@ -161,6 +180,95 @@ impl DeviceStats {
             &mut self.inactive_split_bytes,
             &mut self.requested_bytes,
         ]
+    }
+
+    #[inline]
+    fn arrays(&self) -> [&StatArray; 9] {
+        [
+            &self.allocation,
+            &self.segment,
+            &self.active,
+            &self.inactive_split,
+            &self.allocated_bytes,
+            &self.reserved_bytes,
+            &self.active_bytes,
+            &self.inactive_split_bytes,
+            &self.requested_bytes,
+        ]
+    }
+
+    /// Every [`Stat`], in one order.
+    fn stats_mut(&mut self) -> impl Iterator<Item = &mut Stat> {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+        .into_iter()
+        .flat_map(|a| a.0.iter_mut())
+        .chain([&mut self.oversize_allocations, &mut self.oversize_segments])
+    }
+
+    fn stats(&self) -> impl Iterator<Item = &Stat> {
+        self.arrays()
+            .into_iter()
+            .flat_map(|a| a.0.iter())
+            .chain([&self.oversize_allocations, &self.oversize_segments])
+    }
+
+    /// The current value of every [`Stat`], in one order ([`STATS`] of them).
+    #[inline]
+    pub fn currents(&self) -> [i64; STATS] {
+        self.each(|s| s.current)
+    }
+
+    /// `f` of every [`Stat`], in the order of [`DeviceStats::currents`]. Plain field reads, as
+    /// the shards' requests read them on every request (an iterator chain here cost a third of
+    /// a request: `bench/threads`).
+    #[inline]
+    fn each(&self, f: impl Fn(&Stat) -> i64) -> [i64; STATS] {
+        let mut out = [0; STATS];
+        for (i, a) in self.arrays().into_iter().enumerate() {
+            out[3 * i] = f(&a.0[0]);
+            out[3 * i + 1] = f(&a.0[1]);
+            out[3 * i + 2] = f(&a.0[2]);
+        }
+        out[27] = f(&self.oversize_allocations);
+        out[28] = f(&self.oversize_segments);
+        out
+    }
+
+    /// The peak of every [`Stat`], in the order of [`DeviceStats::currents`].
+    pub fn peaks(&self) -> [i64; STATS] {
+        self.each(|s| s.peak)
+    }
+
+    /// Every peak from `peaks` (in the order of [`DeviceStats::currents`]).
+    pub fn set_peaks(&mut self, peaks: &[i64; STATS]) {
+        for (s, &p) in self.stats_mut().zip(peaks) {
+            s.peak = p;
+        }
+    }
+
+    /// Add `other`'s current values, totals and counters to these (the statistics of several
+    /// parts of one device: each part's own peaks say nothing of the whole's, and are left).
+    pub fn fold(&mut self, other: &DeviceStats) {
+        for (s, o) in self.stats_mut().zip(other.stats()) {
+            s.current += o.current;
+            s.allocated += o.allocated;
+            s.freed += o.freed;
+        }
+        self.num_alloc_retries += other.num_alloc_retries;
+        self.num_ooms += other.num_ooms;
+        self.num_sync_all_streams += other.num_sync_all_streams;
+        self.num_device_alloc += other.num_device_alloc;
+        self.num_device_free += other.num_device_free;
     }
 
     /// `reset_peak_memory_stats`: every peak becomes the current value.

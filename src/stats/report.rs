@@ -56,6 +56,17 @@ impl PageCounts {
     }
 }
 
+impl std::ops::AddAssign for PageCounts {
+    /// Sum the counts of an arena's shards (of one page size).
+    fn add_assign(&mut self, p: PageCounts) {
+        self.page_size = self.page_size.max(p.page_size);
+        self.in_use += p.in_use;
+        self.idle_mapped += p.idle_mapped;
+        self.held += p.held;
+        self.pooled += p.pooled;
+    }
+}
+
 /// Physical memory created (a handle, or with no VMM a segment) for one kind of request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Growth {
@@ -93,6 +104,19 @@ impl GrowthCounts {
     }
 }
 
+impl std::ops::AddAssign for GrowthCounts {
+    /// Sum the counts of an arena's shards.
+    fn add_assign(&mut self, g: GrowthCounts) {
+        for (a, b) in [
+            (&mut self.at_peak, g.at_peak),
+            (&mut self.below_peak, g.below_peak),
+        ] {
+            a.handles += b.handles;
+            a.bytes += b.bytes;
+        }
+    }
+}
+
 /// Everything the torch-arena section of `memory_summary` shows beyond PyTorch's table.
 #[derive(Clone, Debug, Default)]
 pub struct ArenaExtras {
@@ -112,6 +136,22 @@ pub struct ArenaExtras {
     pub pending_frees: u64,
     /// Physical memory created, by whether its request took the bytes requested to a new peak.
     pub growth: GrowthCounts,
+}
+
+impl ArenaExtras {
+    /// Add another shard's extras of the same device (its driver counters are the device's: the
+    /// same counters, kept once).
+    pub fn merge(&mut self, other: ArenaExtras) {
+        for (a, b) in self.classes.iter_mut().zip(other.classes) {
+            a.slabs += b.slabs;
+            a.used_slots += b.used_slots;
+            a.total_slots += b.total_slots;
+        }
+        self.pages += other.pages;
+        self.bad_frees += other.bad_frees;
+        self.pending_frees += other.pending_frees;
+        self.growth += other.growth;
+    }
 }
 
 /// What `defragment` or `empty_cache` recovered. `#[repr(C)]`: the C ABI's

@@ -588,8 +588,9 @@ fn a_released_pool_that_never_captured_is_usable_during_another_capture() {
     // 700 MiB on stream 2: only with the released pool's 600 MiB (stream 3 synchronised alone).
     let big = arena.malloc(700 * MIB, 2).unwrap();
     assert!(dev.violations().is_empty(), "{:?}", dev.violations());
-    // What it needed moved (a mapping moves whole; the pool cuts it to what is needed).
-    let left = arena.pool_info(pool).map(|p| p.mapped_pages).unwrap();
+    // What it needed left the pool: stream 3's shard gave its cache back to the driver when
+    // stream 2's ran out (streams have shards of their own; with them the pool, empty, is gone).
+    let left = arena.pool_info(pool).map_or(0, |p| p.mapped_pages);
     assert!(
         left <= 300 - 138,
         "{left} of the pool's 300 pages still mapped"

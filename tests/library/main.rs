@@ -12,6 +12,7 @@ mod python_pickle;
 mod snapshots;
 
 mod arena_model;
+mod arena_shards;
 mod arena_threads;
 mod config;
 mod fit;

@@ -332,6 +332,7 @@ impl State {
         match self.used.checked_add(size) {
             Some(used) if used <= self.capacity => {
                 self.used = used;
+                self.peak_used = self.peak_used.max(used);
                 Ok(())
             }
             _ => Err(DeviceError::OutOfMemory),
@@ -416,6 +417,11 @@ impl SimDevice {
     /// Bytes of live pages plus live plain allocations.
     pub fn used_bytes(&self) -> u64 {
         self.state.lock().used
+    }
+
+    /// The most bytes [`SimDevice::used_bytes`] has been.
+    pub fn peak_used(&self) -> u64 {
+        self.state.lock().peak_used
     }
 
     /// With backing, host bytes the memfd holding the physical pages occupies now (written,

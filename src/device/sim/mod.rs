@@ -104,6 +104,7 @@ impl SimDevice {
             next_event: 1,
             streams: HashMap::new(),
             used: 0,
+            peak_used: 0,
             violations: Vec::new(),
             faults: Faults::default(),
             captures: Captures::default(),

@@ -118,6 +118,8 @@ pub(super) struct State {
     pub(super) next_event: u64,
     pub(super) streams: HashMap<StreamId, Stream>,
     pub(super) used: u64,
+    /// The most `used` has been.
+    pub(super) peak_used: u64,
     pub(super) violations: Vec<String>,
     pub(super) faults: Faults,
     /// Streams in capture and the graphs they built (`capture.rs`).

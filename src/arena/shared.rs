@@ -1,0 +1,337 @@
+//! What the shards of one device's arena share: the bytes they hold (for the limit), which
+//! stream each serves, and, once more than one has served, the device's peaks.
+//!
+//! Each stream's requests go to one shard ([`Router`]): an `Inner` behind its own lock, with its
+//! own regions, heaps, slabs, page pool and statistics. Work on one stream therefore never waits
+//! for another stream's (the threads issue); what must be device-wide is here:
+//! - the limit: every shard creates physical memory only through [`Shared::try_reserve`], so
+//!   the bytes all shards hold never pass it, whatever the shards do at once;
+//! - `memory_stats()`: while one shard has served, its statistics are the device's, exactly as
+//!   with one lock. Once a second one serves, the device's current values, totals and counters
+//!   are the sums of the shards' (each exact, read with every shard locked), and its peaks are
+//!   [`Peaks`]': the highest sum of the shards' values at the ends of their requests, kept with
+//!   no lock in the common case (see there).
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
+
+use parking_lot::Mutex;
+
+use crate::device::StreamId;
+use crate::stats::{DeviceStats, STATS};
+
+/// Shards per arena: streams beyond this many share them (stream `i` in order of first use
+/// goes to shard `i % SHARDS`).
+pub(super) const SHARDS: usize = 8;
+/// Streams remembered by the router in order of first use; later ones go to a shard by a hash
+/// of their handle (so one stream always goes to the same shard).
+const ROUTED: usize = 64;
+
+pub(super) struct Shared {
+    /// Physical bytes all shards hold (the sum of their `reserved_bytes`), for the limit: on a
+    /// cache line of its own, as it changes with every handle created or released while the
+    /// fields after it are read by every request.
+    reserved: Padded<AtomicU64>,
+    /// More than one shard has served a request: the device's statistics are `board`'s.
+    multi: AtomicBool,
+    pub(super) peaks: Peaks,
+    /// Blocks shard 0 had numbered when a second shard first served (`Inner::block`).
+    seq_base: AtomicU64,
+    router: Router,
+}
+
+impl Shared {
+    pub(super) fn new() -> Shared {
+        Shared {
+            reserved: Padded(AtomicU64::new(0)),
+            multi: AtomicBool::new(false),
+            peaks: Peaks::new(),
+            seq_base: AtomicU64::new(0),
+            router: Router::new(),
+        }
+    }
+
+    /// Physical bytes all shards hold.
+    #[inline]
+    pub(super) fn reserved(&self) -> u64 {
+        self.reserved.0.load(Ordering::Relaxed)
+    }
+
+    /// Count `bytes` more held if that keeps the total within `limit`: the one way a shard may
+    /// create physical memory. Says whether it did.
+    pub(super) fn try_reserve(&self, bytes: u64, limit: u64) -> bool {
+        self.reserved
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |held| {
+                held.checked_add(bytes).filter(|&total| total <= limit)
+            })
+            .is_ok()
+    }
+
+    /// `bytes` no longer held (released, or a creation that failed after `try_reserve`).
+    pub(super) fn unreserve(&self, bytes: u64) {
+        let before = self.reserved.0.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(
+            before >= bytes,
+            "unreserving {bytes} of {before} bytes held"
+        );
+    }
+
+    #[inline]
+    pub(super) fn multi(&self) -> bool {
+        self.multi.load(Ordering::Acquire)
+    }
+
+    /// From now on the device's peaks are kept by [`Peaks`], starting from `first` (shard 0's
+    /// statistics, which were the device's) and `blocks` (the blocks shard 0 numbered). Its
+    /// caller holds shard 0's lock, so no request is half counted.
+    pub(super) fn go_multi(&self, first: &DeviceStats, blocks: u64) {
+        self.peaks.start(first);
+        self.seq_base.store(blocks, Ordering::Relaxed);
+        self.multi.store(true, Ordering::Release);
+    }
+
+    #[inline]
+    pub(super) fn seq_base(&self) -> u64 {
+        self.seq_base.load(Ordering::Relaxed)
+    }
+
+    /// Whether `stream` is served by shard 0 while it serves alone (the usual case, checked
+    /// first on every request).
+    #[inline]
+    pub(super) fn alone(&self, stream: StreamId) -> bool {
+        !self.multi()
+            && self.router.known.load(Ordering::Acquire) >= 1
+            && self.router.ids[0].load(Ordering::Relaxed) == stream
+    }
+
+    /// The shard serving `stream`.
+    #[inline]
+    pub(super) fn shard_of(&self, stream: StreamId) -> usize {
+        self.router.shard(stream)
+    }
+}
+
+/// The device's peaks while several shards serve, with no lock in the common case.
+///
+/// Each shard publishes the current value of every statistic at the end of each request
+/// (`published`), and may raise a value up to its *allowance* (`allow`) without asking anyone.
+/// The allowances of all shards add up to at most the device's peak (`board`), so while every
+/// shard is within its own, the device's total is within its peak and no new peak can go
+/// unnoticed. A request that ends above its shard's allowance takes the board's lock, adds the
+/// other shards' published values to its own to find the device's total, raises the peak to it
+/// if higher, and takes a new allowance: the peak less the others' allowances, or, where that is
+/// not enough, the others' slack too (each keeps what it holds; one that had grown meanwhile
+/// finds itself over its allowance at its own request's end, and does the same).
+///
+/// Why this is exact: a shard publishes and then reads its allowance, and a shard that lowers
+/// another's allowance stores it and then reads the other's published value, each with a
+/// sequentially consistent fence between; so of two such shards at least one sees the other's
+/// write (Dekker's pattern), and every total the shards' values reach at the ends of their
+/// requests is either within the peak or added by the request that made it. Totals inside a
+/// request (a page created and given back in one failed request) are its shard's own peaks.
+pub(super) struct Peaks {
+    slots: Box<[Slot]>,
+    board: Mutex<[i64; STATS]>,
+}
+
+/// One shard's published values and allowances, on cache lines of their own.
+#[repr(align(128))]
+struct Slot {
+    published: [AtomicI64; STATS],
+    allow: [AtomicI64; STATS],
+}
+
+impl Peaks {
+    fn new() -> Peaks {
+        Peaks {
+            slots: (0..SHARDS)
+                .map(|_| Slot {
+                    published: std::array::from_fn(|_| AtomicI64::new(0)),
+                    allow: std::array::from_fn(|_| AtomicI64::new(0)),
+                })
+                .collect(),
+            board: Mutex::new([0; STATS]),
+        }
+    }
+
+    /// Shard 0's statistics were the device's: its values, and all the slack, are shard 0's.
+    fn start(&self, first: &DeviceStats) {
+        let mut board = self.board.lock();
+        let (currents, peaks) = (first.currents(), first.peaks());
+        *board = peaks;
+        for k in 0..STATS {
+            self.slots[0].published[k].store(currents[k], Ordering::Relaxed);
+            self.slots[0].allow[k].store(peaks[k], Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Shard `i`'s request ended, its values `start` before it and `end` after.
+    #[inline]
+    pub(super) fn request_ended(&self, i: usize, start: &[i64; STATS], end: &[i64; STATS]) {
+        let slot = &self.slots[i];
+        let mut changed = 0u32;
+        for k in 0..STATS {
+            if end[k] != start[k] {
+                slot.published[k].store(end[k], Ordering::Relaxed);
+                changed |= 1 << k;
+            }
+        }
+        if changed == 0 {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        let mut over = 0u32;
+        for k in bits(changed) {
+            if end[k] > slot.allow[k].load(Ordering::Relaxed) {
+                over |= 1 << k;
+            }
+        }
+        if over != 0 {
+            self.over(i, over, end);
+        }
+    }
+
+    /// Shard `i` ended a request above its allowance for the statistics in `over`.
+    #[cold]
+    fn over(&self, i: usize, over: u32, end: &[i64; STATS]) {
+        let mut board = self.board.lock();
+        let others = || (0..self.slots.len()).filter(move |&j| j != i);
+        for k in bits(over) {
+            let held: i64 = others()
+                .map(|j| self.slots[j].published[k].load(Ordering::Relaxed))
+                .sum();
+            board[k] = board[k].max(end[k] + held);
+            let allowed: i64 = others()
+                .map(|j| self.slots[j].allow[k].load(Ordering::Relaxed))
+                .sum();
+            if board[k] - allowed < end[k] {
+                // Take the others' slack: each keeps the allowance of what it holds.
+                for j in others() {
+                    let now = self.slots[j].published[k].load(Ordering::Relaxed);
+                    self.slots[j].allow[k].store(now, Ordering::Relaxed);
+                }
+                fence(Ordering::SeqCst);
+            }
+            let allowed: i64 = others()
+                .map(|j| self.slots[j].allow[k].load(Ordering::Relaxed))
+                .sum();
+            self.slots[i].allow[k].store(board[k] - allowed, Ordering::Relaxed);
+        }
+    }
+
+    /// The device's peaks. Called with every shard locked (no request under way).
+    pub(super) fn peaks(&self) -> [i64; STATS] {
+        *self.board.lock()
+    }
+
+    /// `reset_peak_memory_stats`: every peak becomes the device's total, and every shard's
+    /// allowance what it holds. Called with every shard locked, `currents` theirs.
+    pub(super) fn reset(&self, currents: &[[i64; STATS]]) {
+        let mut board = self.board.lock();
+        *board = [0; STATS];
+        for (slot, c) in self.slots.iter().zip(currents) {
+            for k in 0..STATS {
+                slot.published[k].store(c[k], Ordering::Relaxed);
+                slot.allow[k].store(c[k], Ordering::Relaxed);
+                board[k] += c[k];
+            }
+        }
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The indices of the bits set in `mask`.
+fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (mask != 0).then(|| {
+            let k = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            k
+        })
+    })
+}
+
+/// A value on cache lines of its own (two: adjacent-line prefetch pairs them).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// Which shard serves each stream: the first [`ROUTED`] streams in order of first use, one shard
+/// after another; read with no lock (a request's stream is almost always among the first few).
+struct Router {
+    ids: [AtomicU64; ROUTED],
+    known: AtomicUsize,
+    claim: Mutex<()>,
+}
+
+impl Router {
+    fn new() -> Router {
+        Router {
+            ids: std::array::from_fn(|_| AtomicU64::new(0)),
+            known: AtomicUsize::new(0),
+            claim: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    fn shard(&self, stream: StreamId) -> usize {
+        let known = self.known.load(Ordering::Acquire);
+        for (i, id) in self.ids[..known].iter().enumerate() {
+            if id.load(Ordering::Relaxed) == stream {
+                return i % SHARDS;
+            }
+        }
+        self.claim(stream)
+    }
+
+    #[cold]
+    fn claim(&self, stream: StreamId) -> usize {
+        let _g = self.claim.lock();
+        let known = self.known.load(Ordering::Relaxed);
+        for (i, id) in self.ids[..known].iter().enumerate() {
+            if id.load(Ordering::Relaxed) == stream {
+                return i % SHARDS;
+            }
+        }
+        if known < ROUTED {
+            self.ids[known].store(stream, Ordering::Relaxed);
+            // Release: a reader that sees the count sees the id stored before it.
+            self.known.store(known + 1, Ordering::Release);
+            return known % SHARDS;
+        }
+        // Fibonacci hashing: stream handles are pointers, their low bits alike.
+        (stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SHARDS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_go_to_shards_in_order_of_first_use_and_stay() {
+        let r = Router::new();
+        let streams: Vec<u64> = (0..ROUTED as u64 + 40)
+            .map(|i| 0x7f00_0000 + i * 64)
+            .collect();
+        let first: Vec<usize> = streams.iter().map(|&s| r.shard(s)).collect();
+        for (i, &s) in first.iter().enumerate().take(ROUTED) {
+            assert_eq!(s, i % SHARDS);
+        }
+        let again: Vec<usize> = streams.iter().rev().map(|&s| r.shard(s)).collect();
+        assert_eq!(first, again.into_iter().rev().collect::<Vec<_>>());
+        // Stream 0 (the legacy default stream) is a stream like any other.
+        assert_eq!(Router::new().shard(0), 0);
+    }
+
+    #[test]
+    fn the_limit_holds_for_every_reservation() {
+        let s = Shared::new();
+        assert!(s.try_reserve(6, 10));
+        assert!(!s.try_reserve(5, 10));
+        assert!(s.try_reserve(4, 10));
+        assert!(!s.try_reserve(u64::MAX, u64::MAX), "no wrap past u64::MAX");
+        s.unreserve(4);
+        assert_eq!(s.reserved(), 6);
+    }
+}
