@@ -32,6 +32,7 @@ impl Inner {
         pool: Option<PoolId>,
         release: bool,
     ) -> Result<Option<Block>> {
+        let pool = self.recording(pool);
         self.poll_pending();
         self.lend_ok = false;
         let s = self.state_for(stream, pool)?;

@@ -143,7 +143,7 @@ impl Arena {
 
     /// Run `f` on shard `i`'s state under its lock, keeping the device's statistics
     /// (`shared.rs`): while only one shard has served, its own statistics are the device's; once
-    /// a second one has, what `f` changes in the shard's goes to the board as well.
+    /// a second one has, what `f` changes in the shard's goes to the device's peaks as well.
     #[inline]
     pub(super) fn on<R>(&self, i: usize, f: impl FnOnce(&mut Inner) -> R) -> R {
         let mut g = self.lock_hot(i);
@@ -157,7 +157,7 @@ impl Arena {
     }
 
     /// The first request of a shard other than shard 0 (the one every stream went to before):
-    /// from now on the device's statistics are kept on the board, starting from shard 0's.
+    /// from now on the device's peaks are kept across shards, starting from shard 0's.
     #[cold]
     fn first_on<R>(
         &self,
@@ -176,8 +176,8 @@ impl Arena {
         counted(&self.shared, i, &mut g, f)
     }
 
-    /// The shards that have served, shard 0 first: every shard while the board keeps the
-    /// statistics, else shard 0 alone (no other has state).
+    /// The shards that may have served, shard 0 first: every shard once a second one has, else
+    /// shard 0 alone (no other has state).
     pub(super) fn used(&self) -> std::ops::Range<usize> {
         match self.shared.multi() {
             true => 0..self.shards.len(),
@@ -205,7 +205,7 @@ impl Arena {
     }
 
     /// A request of `stream` (in private pool `pool`, if any) on its shard. When that shard runs
-    /// out, the others' cached memory is given back to the driver and the request tries once more.
+    /// out, the others' cached memory comes to it (`short_of_memory`).
     pub(super) fn alloc_in(
         &self,
         size: u64,
@@ -541,7 +541,7 @@ impl Arena {
     /// Before `fork()` (`crate::fork`): takes every shard's lock in order, then the device's
     /// locks.
     pub fn fork_prepare(&self) {
-        let guards: Vec<_> = self.shards.iter().map(|s| s.inner.lock()).collect();
+        let guards = self.lock_all();
         guards[0].dev.fork_prepare();
         for g in guards {
             std::mem::forget(g);

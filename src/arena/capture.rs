@@ -78,17 +78,6 @@ impl Arena {
 
     /// [`Arena::malloc_pool`], with the block's size and number ([`Block`]).
     pub fn alloc_pool(&self, size: u64, stream: StreamId, id: PoolId) -> Result<Block> {
-        let i = self.shared.shard_of(stream);
-        let recording = self.on(i, |g| g.pools.get(&id).is_some_and(|p| p.recording));
-        if !recording {
-            tracing::debug!(
-                target: LOG_TARGET,
-                "allocation for private pool ({}, {}), which is not recording: general memory",
-                id.0,
-                id.1
-            );
-            return self.alloc_in(size, stream, None);
-        }
         self.alloc_in(size, stream, Some(id))
     }
 
@@ -123,10 +112,26 @@ impl Arena {
 }
 
 impl Inner {
+    /// The pool a request for `pool` takes memory from: `pool` while it records, else general
+    /// memory (`None`; see [`Arena::malloc_pool`]).
+    #[inline]
+    pub(super) fn recording(&self, pool: Option<PoolId>) -> Option<PoolId> {
+        let id = pool?;
+        if self.pools.get(&id).is_some_and(|p| p.recording) {
+            return pool;
+        }
+        tracing::debug!(
+            target: LOG_TARGET,
+            "allocation for private pool ({}, {}), which is not recording: general memory",
+            id.0,
+            id.1
+        );
+        None
+    }
+
     /// What pool `id` holds in this shard.
     fn pool_info(&self, id: PoolId) -> Option<PoolInfo> {
-        let g = self;
-        let p = g.pools.get(&id)?;
+        let p = self.pools.get(&id)?;
         let mut info = PoolInfo {
             use_count: p.use_count,
             recording: p.recording,
@@ -135,8 +140,8 @@ impl Inner {
             ..PoolInfo::default()
         };
         for &s in &p.states {
-            for &r in &g.streams[s as usize].regions {
-                let r = &g.regions[r as usize];
+            for &r in &self.streams[s as usize].regions {
+                let r = &self.regions[r as usize];
                 info.used_pages += r.in_use as u64;
                 info.mapped_pages += if r.plain {
                     r.pages.len() as u64
@@ -450,14 +455,17 @@ impl Inner {
         (pools.len() as u64, pages)
     }
 
-    /// Live private pools, and the pages they hold (per handle: its pages), and of those the
-    /// pages in no use: what the out-of-memory message says of them.
+    /// For the out-of-memory message: live private pools, the pages they hold and of those the
+    /// pages in no use, which nothing else may use (as PyTorch's message names memory "allocated
+    /// in private pools (e.g., CUDA Graphs)"). O(pages of the live pools), on the failure path
+    /// only.
     pub(super) fn pool_pages(&self) -> (u64, u64, u64) {
         let (mut pools, mut pages, mut unused) = (0u64, 0u64, 0u64);
         for p in self.pools.values().filter(|p| !p.released) {
             pools += 1;
             for &s in &p.states {
                 for &r in &self.streams[s as usize].regions {
+                    // Per handle: its pages, less those in use.
                     for slot in self.regions[r as usize].pages.iter().filter(|s| s.hlen > 0) {
                         pages += slot.hlen as u64;
                         unused += (slot.hlen - slot.busy) as u64;
@@ -469,6 +477,7 @@ impl Inner {
     }
 }
 
+/// A pool hook called out of order: the caller broke the contract.
 fn pool_error(id: PoolId, what: &str) -> Error {
     Error::Device(DeviceError::Misuse(format!(
         "private pool ({}, {}) {what}",

@@ -20,8 +20,8 @@ impl Inner {
     ) -> Result<Option<Block>> {
         // The escalation ladder: each step frees more, then the request is tried again.
         let steps = [Escalation::SynchronizeAll, Escalation::ReleaseCached];
-        for step in &steps[..if release { 2 } else { 1 }] {
-            match *step {
+        for step in steps.into_iter().take(if release { 2 } else { 1 }) {
+            match step {
                 // Wait for every stream so pending frees finish and every idle page is safe to
                 // move, then take pages from anywhere.
                 Escalation::SynchronizeAll => {

@@ -31,7 +31,7 @@ pub(super) struct Shared {
     /// cache line of its own, as it changes with every handle created or released while the
     /// fields after it are read by every request.
     reserved: Padded<AtomicU64>,
-    /// More than one shard has served a request: the device's statistics are `board`'s.
+    /// More than one shard has served a request: the device's peaks are `peaks`'.
     multi: AtomicBool,
     pub(super) peaks: Peaks,
     /// Blocks shard 0 had numbered when a second shard first served (`Inner::block`).
@@ -99,9 +99,7 @@ impl Shared {
     /// first on every request).
     #[inline]
     pub(super) fn alone(&self, stream: StreamId) -> bool {
-        !self.multi()
-            && self.router.known.load(Ordering::Acquire) >= 1
-            && self.router.ids[0].load(Ordering::Relaxed) == stream
+        !self.multi() && self.router.first(stream)
     }
 
     /// The shard serving `stream`.
@@ -202,20 +200,19 @@ impl Peaks {
                 .map(|j| self.slots[j].published[k].load(Ordering::Relaxed))
                 .sum();
             board[k] = board[k].max(end[k] + held);
-            let allowed: i64 = others()
+            let mut allowed: i64 = others()
                 .map(|j| self.slots[j].allow[k].load(Ordering::Relaxed))
                 .sum();
             if board[k] - allowed < end[k] {
                 // Take the others' slack: each keeps the allowance of what it holds.
+                allowed = 0;
                 for j in others() {
                     let now = self.slots[j].published[k].load(Ordering::Relaxed);
                     self.slots[j].allow[k].store(now, Ordering::Relaxed);
+                    allowed += now;
                 }
                 fence(Ordering::SeqCst);
             }
-            let allowed: i64 = others()
-                .map(|j| self.slots[j].allow[k].load(Ordering::Relaxed))
-                .sum();
             self.slots[i].allow[k].store(board[k] - allowed, Ordering::Relaxed);
         }
     }
@@ -271,6 +268,12 @@ impl Router {
             known: AtomicUsize::new(0),
             claim: Mutex::new(()),
         }
+    }
+
+    /// Whether `stream` is the first stream seen.
+    #[inline]
+    fn first(&self, stream: StreamId) -> bool {
+        self.known.load(Ordering::Acquire) >= 1 && self.ids[0].load(Ordering::Relaxed) == stream
     }
 
     #[inline]

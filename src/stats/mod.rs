@@ -115,10 +115,6 @@ impl StatArray {
     pub fn pool(&self, pool: Pool) -> &Stat {
         &self.0[pool as usize]
     }
-
-    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
-        self.0.iter_mut().for_each(f);
-    }
 }
 
 /// Everything `torch.cuda.memory_stats()` reports for one device.
@@ -168,18 +164,26 @@ impl DeviceStats {
         }
     }
 
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
+    /// Every [`Stat`], in the order of [`DeviceStats::currents`].
+    fn stats_mut(&mut self) -> impl Iterator<Item = &mut Stat> {
+        let (arrays, oversize) = (
+            [
+                &mut self.allocation,
+                &mut self.segment,
+                &mut self.active,
+                &mut self.inactive_split,
+                &mut self.allocated_bytes,
+                &mut self.reserved_bytes,
+                &mut self.active_bytes,
+                &mut self.inactive_split_bytes,
+                &mut self.requested_bytes,
+            ],
+            [&mut self.oversize_allocations, &mut self.oversize_segments],
+        );
+        arrays
+            .into_iter()
+            .flat_map(|a| a.0.iter_mut())
+            .chain(oversize)
     }
 
     #[inline]
@@ -195,24 +199,6 @@ impl DeviceStats {
             &self.inactive_split_bytes,
             &self.requested_bytes,
         ]
-    }
-
-    /// Every [`Stat`], in one order.
-    fn stats_mut(&mut self) -> impl Iterator<Item = &mut Stat> {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
-        .into_iter()
-        .flat_map(|a| a.0.iter_mut())
-        .chain([&mut self.oversize_allocations, &mut self.oversize_segments])
     }
 
     fn stats(&self) -> impl Iterator<Item = &Stat> {
@@ -273,20 +259,12 @@ impl DeviceStats {
 
     /// `reset_peak_memory_stats`: every peak becomes the current value.
     pub fn reset_peak(&mut self) {
-        for a in self.arrays_mut() {
-            a.for_each(Stat::reset_peak);
-        }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
+        self.stats_mut().for_each(Stat::reset_peak);
     }
 
     /// `reset_accumulated_memory_stats`: allocated/freed totals and the scalar counters go to zero.
     pub fn reset_accumulated(&mut self) {
-        for a in self.arrays_mut() {
-            a.for_each(Stat::reset_accumulated);
-        }
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
+        self.stats_mut().for_each(Stat::reset_accumulated);
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
         self.num_sync_all_streams = 0;
@@ -325,7 +303,7 @@ mod tests {
 
         let mut b = StatArray::default();
         b.increase(Pool::Large, 2);
-        b.for_each(Stat::reset_accumulated);
+        b.0.iter_mut().for_each(Stat::reset_accumulated);
         b.transfer(Pool::Large, Pool::Small, 2);
         let [all, small, large] = b.0;
         assert_eq!(all.current, small.current + large.current);
