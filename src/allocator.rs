@@ -100,11 +100,23 @@ impl TorchArena {
     }
 
     /// The arena of `device`, opening the device on first use.
+    #[inline]
     pub fn arena(&self, device: i32) -> Result<&Arena> {
-        let slot = self.slot(device)?;
-        if let Some(a) = slot.get() {
+        // Every request asks: an opened device's arena is one load away.
+        if let Some(a) = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.arenas.get(d))
+            .and_then(OnceCell::get)
+        {
             return Ok(a);
         }
+        self.open_arena(device)
+    }
+
+    /// [`TorchArena::arena`] for a device not opened yet (or an ordinal out of range).
+    #[cold]
+    fn open_arena(&self, device: i32) -> Result<&Arena> {
+        let slot = self.slot(device)?;
         // Made under `fork::OPENING`, so a fork child never finds it half made (a lock of the
         // cell's own that no fork handler could take).
         let _opening = crate::fork::OPENING.lock();

@@ -456,10 +456,17 @@ pub(super) static DEVICE_COUNT: AtomicI32 = AtomicI32::new(-1);
 
 /// The instance, created from `TORCH_ARENA_CONF` on first use. A bad `TORCH_ARENA_CONF` is
 /// logged once, when first found; the failures returned for it are marked logged.
+#[inline]
 pub(super) fn instance() -> Outcome<&'static TorchArena> {
     if let Some(i) = INSTANCE.get() {
         return Ok(&i.arena);
     }
+    make_instance()
+}
+
+/// [`instance`] before the instance is made (or when `TORCH_ARENA_CONF` was bad).
+#[cold]
+fn make_instance() -> Outcome<&'static TorchArena> {
     if let Some(e) = ENV_ERROR.get() {
         return Err(Failure::from(e.clone()).logged(true));
     }

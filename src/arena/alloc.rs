@@ -25,6 +25,7 @@ impl Inner {
     /// elsewhere and ask again, or count it with `out_of_memory`). With `release` false the
     /// ladder stops before giving this shard's cache back to the driver (other shards' cached
     /// pages may come first: `Arena::short_of_memory`).
+    #[inline]
     pub(super) fn try_malloc(
         &mut self,
         size: u64,
@@ -63,6 +64,7 @@ impl Inner {
     /// moved to it. Pages holding live data cannot move; a large block may share at most its first
     /// and last page with them, so this errs on the side of trying by at most two pages. Small
     /// requests always may (a slab slot may be free already).
+    #[inline]
     pub(super) fn within_reach(&self, size: u64) -> bool {
         if size <= self.slab_max {
             return true;
@@ -74,9 +76,11 @@ impl Inner {
         let pinned = (self.in_use_pages[Pool::Small as usize]
             + self.in_use_pages[Pool::Large as usize])
             .saturating_sub(self.lent_pages);
-        let budget = (self.limit / self.page).saturating_sub(pinned);
-        // Only pages holding live data can be shared, and only the block's first and last.
-        len.div_ceil(self.page).saturating_sub(pinned.min(2)) <= budget
+        // Shifts where the page is a power of two (`page_of`): no division on every request.
+        let budget = self.page_of(self.limit).saturating_sub(pinned);
+        // Only pages holding live data can be shared, and only the block's first and last
+        // (`len` is at least MIN_BLOCK: `len - 1` cannot wrap).
+        (self.page_of(len - 1) + 1).saturating_sub(pinned.min(2)) <= budget
     }
 
     /// The out-of-memory error for a request of `size` bytes, counted.

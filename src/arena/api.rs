@@ -192,6 +192,7 @@ impl Arena {
 
     /// [`Arena::malloc`], with what a layer above needs to know of the block without asking
     /// again: its size and its number ([`Block`]).
+    #[inline]
     pub fn alloc(&self, size: u64, stream: StreamId) -> Result<Block> {
         // One shard serving (a stream alone, the usual case): what one lock did, no more.
         if self.shared.alone(stream) {
@@ -201,6 +202,13 @@ impl Arena {
                 return g.malloc(size, stream, None);
             }
         }
+        self.alloc_sharded(size, stream)
+    }
+
+    /// [`Arena::alloc`] once more than one shard may serve: kept out of line, so that the one
+    /// shard's path is inlined into its caller as it was with one lock.
+    #[inline(never)]
+    fn alloc_sharded(&self, size: u64, stream: StreamId) -> Result<Block> {
         self.alloc_in(size, stream, None)
     }
 
@@ -275,6 +283,7 @@ impl Arena {
     /// Free `ptr`. `size`, when given, must equal the request; a mismatch is reported but the
     /// allocation is still freed (the pointer is what names it). `stream` is the one the
     /// allocation was made on (what PyTorch passes): its shard is asked first.
+    #[inline]
     pub fn free(&self, ptr: DevPtr, size: Option<u64>, stream: StreamId) -> Result<()> {
         if self.shared.alone(stream) {
             let mut g = self.lock_hot(0);
@@ -287,6 +296,12 @@ impl Arena {
                 return r;
             }
         }
+        self.free_sharded(ptr, size, stream)
+    }
+
+    /// [`Arena::free`] once more than one shard may serve (out of line, as `alloc_sharded`).
+    #[inline(never)]
+    fn free_sharded(&self, ptr: DevPtr, size: Option<u64>, stream: StreamId) -> Result<()> {
         let i = self.shared.shard_of(stream);
         let r = self.on(i, |g| {
             g.poll_pending();

@@ -1347,8 +1347,10 @@ int scenario_mixed(const Lib& lib, void* h, bool one_stream) {
 // (bench/abi-threads runs it). BENCH_THREADS threads (default 1), each with BENCH_LIVE live
 // blocks (default 1000) on its own stream, or all on stream 1 with BENCH_ONE_STREAM=1, replace a
 // random live block with a new one of a size drawn from the mix in TORCH_ARENA_SIZE_MIX (the
-// `size<TAB>count` file bench/run writes) for BENCH_SECONDS (default 3) after filling. Sizes and
-// victims are drawn before the clock starts. Prints the pairs of all threads per second.
+// `size<TAB>count` file bench/run writes) for BENCH_SECONDS (default 3) after filling, or, with
+// BENCH_PAIRS, for that many pairs per thread (rounded up to a multiple of 1,024: the same work
+// on every run, for counting instructions). Sizes and victims are drawn before the clock starts.
+// Prints the pairs of all threads per second.
 
 long env_long(const char* name, long dflt) {
   const char* v = std::getenv(name);
@@ -1364,6 +1366,7 @@ int scenario_bench_threads(const Lib& lib) {
   const int threads = static_cast<int>(env_long("BENCH_THREADS", 1));
   const size_t live_n = static_cast<size_t>(env_long("BENCH_LIVE", 1000));
   const double seconds = static_cast<double>(env_long("BENCH_SECONDS", 3));
+  const uint64_t max_pairs = std::getenv("BENCH_PAIRS") == nullptr ? 0 : static_cast<uint64_t>(env_long("BENCH_PAIRS", 1));
   const char* one = std::getenv("BENCH_ONE_STREAM");
   const bool one_stream = one != nullptr && std::strcmp(one, "1") == 0;
   const char* mix_path = std::getenv("TORCH_ARENA_SIZE_MIX");
@@ -1416,7 +1419,7 @@ int scenario_bench_threads(const Lib& lib) {
     while (!go.load()) std::this_thread::yield();
     uint64_t n = 0;
     try {
-      while (!failed.load() && !stop.load(std::memory_order_relaxed)) {
+      while (!failed.load() && !stop.load(std::memory_order_relaxed) && (max_pairs == 0 || n < max_pairs)) {
         for (size_t k = 0; k < 1024; ++k, ++n) {
           const size_t i = n % kDrawn;
           void* p = lib.alloc(drawn[i], 0, stream);
@@ -1437,16 +1440,20 @@ int scenario_bench_threads(const Lib& lib) {
   while (ready.load() < threads) std::this_thread::yield();
   const auto t0 = std::chrono::steady_clock::now();
   go = true;
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  stop = true;
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (max_pairs == 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    stop = true;
+  }
+  // With BENCH_PAIRS the threads' last frees of their live blocks are timed too (a few µs).
+  const double elapsed = max_pairs == 0 ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
   for (auto& t : ts) t.join();
+  const double took = max_pairs == 0 ? elapsed : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (failed.load()) fail("a thread failed (above)");
   uint64_t all = 0;
   for (uint64_t n : pairs) all += n;
   std::printf("bench_threads: threads %d, %s, %zu live each, %llu pairs in %.3f s, %.0f pairs/s, %.1f ns per pair\n",
-              threads, one_stream ? "one stream" : "a stream each", live_n, static_cast<unsigned long long>(all), elapsed,
-              static_cast<double>(all) / elapsed, elapsed * 1e9 / static_cast<double>(all));
+              threads, one_stream ? "one stream" : "a stream each", live_n, static_cast<unsigned long long>(all), took,
+              static_cast<double>(all) / took, took * 1e9 / static_cast<double>(all));
   return 0;
 }
 }  // namespace
