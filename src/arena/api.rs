@@ -621,8 +621,7 @@ impl Arena {
 /// Run `f` on shard `i`'s state `g` once several shards serve: what it changed in the shard's
 /// statistics goes to the device's peaks (`shared::Peaks`).
 fn counted<R>(shared: &Shared, i: usize, g: &mut Inner, f: impl FnOnce(&mut Inner) -> R) -> R {
-    let start = g.stats.currents();
     let r = f(g);
-    shared.peaks.request_ended(i, &start, &g.stats.currents());
+    shared.peaks.request_ended(i, &g.stats.currents());
     r
 }

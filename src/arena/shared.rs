@@ -121,12 +121,15 @@ impl Shared {
 /// not enough, the others' slack too (each keeps what it holds; one that had grown meanwhile
 /// finds itself over its allowance at its own request's end, and does the same).
 ///
-/// Why this is exact: a shard publishes and then reads its allowance, and a shard that lowers
+/// Why this is exact: a shard whose value rose publishes and then reads its allowance, and a
+/// shard that lowers
 /// another's allowance stores it and then reads the other's published value, each with a
 /// sequentially consistent fence between; so of two such shards at least one sees the other's
 /// write (Dekker's pattern), and every total the shards' values reach at the ends of their
-/// requests is either within the peak or added by the request that made it. Totals inside a
-/// request (a page created and given back in one failed request) are its shard's own peaks.
+/// requests is either within the peak or added by the request that made it. A value that fell
+/// is published with no fence: until it is seen, the shards count the value before, which held
+/// until that request's end. Totals inside a request (a page created and given back in one
+/// failed request) are its shard's own peaks.
 pub(super) struct Peaks {
     slots: Box<[Slot]>,
     board: Mutex<[i64; STATS]>,
@@ -164,23 +167,28 @@ impl Peaks {
         fence(Ordering::SeqCst);
     }
 
-    /// Shard `i`'s request ended, its values `start` before it and `end` after.
+    /// Shard `i`'s request ended, its values now `end`. Only this shard writes its published
+    /// values (under its lock), so they are what its last request left: what differs is
+    /// published, and only what rose can be over the allowance (a value that fell stays under
+    /// it, as it was). With nothing risen, no fence: a shard that reads the older, higher value
+    /// meanwhile counts a total that held until this request's end.
     #[inline]
-    pub(super) fn request_ended(&self, i: usize, start: &[i64; STATS], end: &[i64; STATS]) {
+    pub(super) fn request_ended(&self, i: usize, end: &[i64; STATS]) {
         let slot = &self.slots[i];
-        let mut changed = 0u32;
-        for k in 0..STATS {
-            if end[k] != start[k] {
-                slot.published[k].store(end[k], Ordering::Relaxed);
-                changed |= 1 << k;
+        let mut rose = 0u32;
+        for (k, (&now, published)) in end.iter().zip(&slot.published).enumerate() {
+            let was = published.load(Ordering::Relaxed);
+            if now != was {
+                published.store(now, Ordering::Relaxed);
+                rose |= ((now > was) as u32) << k;
             }
         }
-        if changed == 0 {
+        if rose == 0 {
             return;
         }
         fence(Ordering::SeqCst);
         let mut over = 0u32;
-        for k in bits(changed) {
+        for k in bits(rose) {
             if end[k] > slot.allow[k].load(Ordering::Relaxed) {
                 over |= 1 << k;
             }
