@@ -122,14 +122,13 @@ impl Shared {
 /// finds itself over its allowance at its own request's end, and does the same).
 ///
 /// Why this is exact: a shard whose value rose publishes and then reads its allowance, and a
-/// shard that lowers
-/// another's allowance stores it and then reads the other's published value, each with a
-/// sequentially consistent fence between; so of two such shards at least one sees the other's
-/// write (Dekker's pattern), and every total the shards' values reach at the ends of their
-/// requests is either within the peak or added by the request that made it. A value that fell
-/// is published with no fence: until it is seen, the shards count the value before, which held
-/// until that request's end. Totals inside a request (a page created and given back in one
-/// failed request) are its shard's own peaks.
+/// shard that lowers another's allowance stores it and then reads the other's published value,
+/// each with a sequentially consistent fence between; so of two such shards at least one sees
+/// the other's write (Dekker's pattern), and every total the shards' values reach at the ends
+/// of their requests is either within the peak or added by the request that made it. A value
+/// that fell is published with no fence: until it is seen, the shards count the value before,
+/// which held until that request's end. Totals inside a request (a page created and given back
+/// in one failed request) are its shard's own peaks.
 pub(super) struct Peaks {
     slots: Box<[Slot]>,
     board: Mutex<[i64; STATS]>,
