@@ -73,6 +73,8 @@ mod large;
 pub mod layout;
 mod page_table;
 mod pages;
+#[cfg(test)]
+mod peaks_model;
 mod pool;
 mod shared;
 mod size_class;

@@ -22,6 +22,9 @@ use crate::stats::{DeviceStats, STATS};
 /// Shards per arena: streams beyond this many share them (stream `i` in order of first use
 /// goes to shard `i % SHARDS`).
 pub(super) const SHARDS: usize = 8;
+/// Readings of the other shards' values before [`Peaks`]' slow path settles for a bound (each
+/// takes a fence and a load per shard; the others change them only at their requests' ends).
+const SETTLE_ROUNDS: usize = 8;
 /// Streams remembered by the router in order of first use; later ones go to a shard by a hash
 /// of their handle (so one stream always goes to the same shard).
 const ROUTED: usize = 64;
@@ -116,19 +119,23 @@ impl Shared {
 /// The allowances of all shards add up to at most the device's peak (`board`), so while every
 /// shard is within its own, the device's total is within its peak and no new peak can go
 /// unnoticed. A request that ends above its shard's allowance takes the board's lock, adds the
-/// other shards' published values to its own to find the device's total, raises the peak to it
-/// if higher, and takes a new allowance: the peak less the others' allowances, or, where that is
-/// not enough, the others' slack too (each keeps what it holds; one that had grown meanwhile
-/// finds itself over its allowance at its own request's end, and does the same).
+/// other shards' published values (read until they hold still: `over`) to its own to find the
+/// device's total, raises the peak to it if higher, and takes a new allowance: the peak less the
+/// others' allowances, or, where that is not enough, the others' slack too (each keeps what it
+/// holds; one that had grown meanwhile either finds itself over its allowance at its own
+/// request's end and does the same, or is seen grown when its value is read again).
 ///
 /// Why this is exact: a shard whose value rose publishes and then reads its allowance, and a
-/// shard that lowers another's allowance stores it and then reads the other's published value,
-/// each with a sequentially consistent fence between; so of two such shards at least one sees
-/// the other's write (Dekker's pattern), and every total the shards' values reach at the ends
-/// of their requests is either within the peak or added by the request that made it. A value
-/// that fell is published with no fence: until it is seen, the shards count the value before,
-/// which held until that request's end. Totals inside a request (a page created and given back
-/// in one failed request) are its shard's own peaks.
+/// shard that lowers another's allowance stores it and then reads the other's published value
+/// again, each with a sequentially consistent fence between; so of two such shards at least one
+/// sees the other's write (Dekker's pattern), and every total the shards' values reach at the
+/// ends of their requests is either within the peak or added by the request that made it. A
+/// value that fell is published with no fence: until it is seen, the shards count the value
+/// before, which held until that request's end. Totals inside a request (a page created and
+/// given back in one failed request) are its shard's own peaks. `peaks_model.rs` checks the
+/// protocol over every interleaving on a machine with store buffers; the first version of
+/// `over`, which lowered the others' allowances without reading their values again, missed
+/// peaks there (a shard that rose within its old allowance while it was lowered).
 pub(super) struct Peaks {
     slots: Box<[Slot]>,
     board: Mutex<[i64; STATS]>,
@@ -198,30 +205,83 @@ impl Peaks {
     }
 
     /// Shard `i` ended a request above its allowance for the statistics in `over`.
+    ///
+    /// The others' values are read until a reading after a fence finds none changed: each then
+    /// held its value from one reading to the next, so all of them did at the fence between,
+    /// and the peak is raised to a total that was. Where the others' slack is taken, one whose
+    /// value rose after it was read may have checked its old allowance (else it is over its
+    /// new one and waits for this lock): after the allowances are lowered, a fence and a
+    /// reading again, until none changed, each changed one keeping what it holds now. Past
+    /// [`SETTLE_ROUNDS`] readings each other shard gets the highest allowance it has had since
+    /// (what it may have checked) and the peak takes them all: a bound, never short.
+    /// `peaks_model.rs` checks this over every interleaving.
     #[cold]
     fn over(&self, i: usize, over: u32, end: &[i64; STATS]) {
         let mut board = self.board.lock();
         let others = || (0..self.slots.len()).filter(move |&j| j != i);
+        let published = |j: usize, k: usize| self.slots[j].published[k].load(Ordering::Relaxed);
+        let allow = |j: usize, k: usize| &self.slots[j].allow[k];
         for k in bits(over) {
-            let held: i64 = others()
-                .map(|j| self.slots[j].published[k].load(Ordering::Relaxed))
-                .sum();
-            board[k] = board[k].max(end[k] + held);
-            let mut allowed: i64 = others()
-                .map(|j| self.slots[j].allow[k].load(Ordering::Relaxed))
-                .sum();
+            let mut nows = [0i64; SHARDS];
+            for j in others() {
+                nows[j] = published(j, k);
+            }
+            self.settle(i, k, &mut nows, |_, _| {});
+            board[k] = board[k].max(end[k] + nows.iter().sum::<i64>());
+            let mut allowed: i64 = others().map(|j| allow(j, k).load(Ordering::Relaxed)).sum();
             if board[k] - allowed < end[k] {
                 // Take the others' slack: each keeps the allowance of what it holds.
-                allowed = 0;
+                // The highest allowance each has had since (what it may have checked).
+                let mut high = [0i64; SHARDS];
                 for j in others() {
-                    let now = self.slots[j].published[k].load(Ordering::Relaxed);
-                    self.slots[j].allow[k].store(now, Ordering::Relaxed);
-                    allowed += now;
+                    // Allowances change only under the board's lock: no other writer races.
+                    high[j] = allow(j, k).load(Ordering::Relaxed).max(nows[j]);
+                    allow(j, k).store(nows[j], Ordering::Relaxed);
                 }
-                fence(Ordering::SeqCst);
+                let settled = self.settle(i, k, &mut nows, |j, now| {
+                    high[j] = high[j].max(now);
+                    allow(j, k).store(now, Ordering::Relaxed)
+                });
+                if !settled {
+                    for j in others() {
+                        allow(j, k).store(high[j], Ordering::Relaxed);
+                    }
+                    fence(Ordering::SeqCst);
+                    nows = high;
+                }
+                allowed = nows.iter().sum();
+                board[k] = board[k].max(end[k] + allowed);
             }
-            self.slots[i].allow[k].store(board[k] - allowed, Ordering::Relaxed);
+            allow(i, k).store(board[k] - allowed, Ordering::Relaxed);
         }
+    }
+
+    /// Read the others' (not `i`'s) values of statistic `k` after a fence, until a reading finds
+    /// none changed from `nows`; each changed one goes to `nows` and to `changed`. Says whether
+    /// a reading found none changed within [`SETTLE_ROUNDS`].
+    fn settle(
+        &self,
+        i: usize,
+        k: usize,
+        nows: &mut [i64; SHARDS],
+        mut changed: impl FnMut(usize, i64),
+    ) -> bool {
+        for _ in 0..SETTLE_ROUNDS {
+            fence(Ordering::SeqCst);
+            let mut any = false;
+            for (j, slot) in self.slots.iter().enumerate().filter(|&(j, _)| j != i) {
+                let now = slot.published[k].load(Ordering::Relaxed);
+                if now != nows[j] {
+                    nows[j] = now;
+                    changed(j, now);
+                    any = true;
+                }
+            }
+            if !any {
+                return true;
+            }
+        }
+        false
     }
 
     /// The device's peaks. Called with every shard locked (no request under way).
