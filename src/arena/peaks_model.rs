@@ -9,11 +9,11 @@
 //! reading after a fence finds none changed, raise the peak, and take a new allowance (taking
 //! the others' slack if need be: lower their allowances, fence, read their values again, until
 //! none changed; or, past the rounds the code allows, give each the highest allowance it has
-//! had and let the peak take them all). A store goes to the
-//! shard's store buffer, and the buffer's oldest store reaches memory at any step the scheduler
-//! chooses; a load sees the shard's own buffered store first; a fence, a lock and an unlock (a
-//! locked instruction on x86) wait for the buffer to drain, and so does the end of a request
-//! (the shard's unlock). Weaker machines (Arm) are not modelled.
+//! had and let the peak take them all; then share what the peak leaves free). A store goes to
+//! the shard's store buffer, and the buffer's oldest store reaches memory at any step the
+//! scheduler chooses; a load sees the shard's own buffered store first; a fence, a lock and an
+//! unlock (a locked instruction on x86) wait for the buffer to drain, and so does the end of a
+//! request (the shard's unlock). Weaker machines (Arm) are not modelled.
 //!
 //! Checked in every state reached (a depth-first search over all schedules, states memoised):
 //! - between requests (every shard between requests, every buffer drained), the sum of the
@@ -249,7 +249,8 @@ impl Model<'_> {
                 None => {
                     sh.allowed = sh.nows.iter().sum();
                     n.board = n.board.max(sh.value + sh.allowed);
-                    n.shards[i].pc = 8;
+                    n.shards[i].pc = 17;
+                    n.shards[i].other = 0;
                 }
             },
             // Unsettled: the others get the highest allowance each has had since this began
@@ -267,9 +268,32 @@ impl Model<'_> {
                 if !drained {
                     return None;
                 }
-                sh.allowed = sh.befores.iter().sum();
+                sh.nows = sh.befores.clone();
+                sh.allowed = sh.nows.iter().sum();
                 n.board = n.board.max(sh.value + sh.allowed);
-                n.shards[i].pc = 8;
+                n.shards[i].pc = 17;
+                n.shards[i].other = 0;
+            }
+            // What the peak leaves free is shared among all the shards (a raise: safe whether
+            // or not the other sees it), so that one just held to its value does not come
+            // straight back for its next rise.
+            17 => {
+                let share = (n.board - sh.value - sh.allowed) / s.shards.len() as i64;
+                match others.get(sh.other) {
+                    Some(&j) => {
+                        if share > 0 {
+                            let now = sh.nows[sh.other];
+                            sh.buffer.push((Addr::Allow(j), now + share));
+                        }
+                        sh.other += 1;
+                    }
+                    None => {
+                        if share > 0 {
+                            sh.allowed += share * others.len() as i64;
+                        }
+                        sh.pc = 8;
+                    }
+                }
             }
             // Its own allowance.
             8 => {
