@@ -46,14 +46,12 @@ struct Shard {
     value: i64,
     before: i64,
     /// `request_ended`'s locals.
-    was: i64,
     other: usize,
-    held: i64,
     allowed: i64,
     /// The others' published values as the slack was taken (by their place in `others`).
     nows: Vec<i64>,
     /// The others' allowances before their slack was taken, and the highest each has had since.
-    befores: Vec<i64>,
+    high: Vec<i64>,
     /// A reading found one of them changed; the readings so far.
     again: bool,
     round: usize,
@@ -98,6 +96,24 @@ impl Model<'_> {
         (0..s.shards.len()).filter(|&j| j != i).collect()
     }
 
+    /// Shard `i` reads other shard `j`'s published value again (the `other`th of its others): a
+    /// changed one goes to `nows`, and with `lower` (after taking slack) also to its allowance
+    /// and to the highest allowance it has had.
+    fn read_again(&self, s: &State, n: &mut State, i: usize, j: usize, lower: bool) {
+        let again = self.load(s, i, Addr::Published(j));
+        let sh = &mut n.shards[i];
+        let o = sh.other;
+        if again != sh.nows[o] {
+            sh.nows[o] = again;
+            sh.again = true;
+            if lower {
+                sh.buffer.push((Addr::Allow(j), again));
+                sh.high[o] = sh.high[o].max(again);
+            }
+        }
+        sh.other += 1;
+    }
+
     /// Shard `i`'s next step, if it can take one now.
     fn step(&self, s: &State, i: usize) -> Option<State> {
         let mut n = s.clone();
@@ -116,7 +132,6 @@ impl Model<'_> {
             1 => {
                 let was = self.load(s, i, Addr::Published(i));
                 let sh = &mut n.shards[i];
-                sh.was = was;
                 if sh.value != was {
                     sh.buffer.push((Addr::Published(i), sh.value));
                 }
@@ -165,22 +180,14 @@ impl Model<'_> {
             // one reading to the next, so all at once at the fence between: the device's
             // total then, with this shard's, is a total that was.
             14 => match others.get(sh.other) {
-                Some(&j) => {
-                    let again = self.load(s, i, Addr::Published(j));
-                    let sh = &mut n.shards[i];
-                    if again != sh.nows[sh.other] {
-                        sh.nows[sh.other] = again;
-                        sh.again = true;
-                    }
-                    sh.other += 1;
-                }
+                Some(&j) => self.read_again(s, &mut n, i, j, false),
                 None if sh.again && sh.round + 1 < self.rounds => {
                     sh.round += 1;
                     sh.pc = 13;
                 }
                 None => {
-                    sh.held = sh.nows.iter().sum();
-                    n.board = n.board.max(sh.value + sh.held);
+                    let held: i64 = sh.nows.iter().sum();
+                    n.board = n.board.max(sh.value + held);
                     let sh = &mut n.shards[i];
                     (sh.pc, sh.other, sh.allowed) = (6, 0, 0);
                 }
@@ -191,7 +198,7 @@ impl Model<'_> {
                     let v = self.load(s, i, Addr::Allow(j));
                     let sh = &mut n.shards[i];
                     sh.allowed += v;
-                    sh.befores[sh.other] = v;
+                    sh.high[sh.other] = v;
                     sh.other += 1;
                 }
                 None => {
@@ -209,7 +216,7 @@ impl Model<'_> {
                 Some(&j) => {
                     let now = sh.nows[sh.other];
                     sh.buffer.push((Addr::Allow(j), now));
-                    sh.befores[sh.other] = sh.befores[sh.other].max(now);
+                    sh.high[sh.other] = sh.high[sh.other].max(now);
                     sh.other += 1;
                 }
                 None => (sh.pc, sh.round) = (11, 0),
@@ -230,17 +237,7 @@ impl Model<'_> {
             // old allowance (else it is over, and waits for the board). Each that changed keeps
             // what it holds now, and the fence and the reading are repeated until none has.
             12 => match others.get(sh.other) {
-                Some(&j) => {
-                    let again = self.load(s, i, Addr::Published(j));
-                    let sh = &mut n.shards[i];
-                    if again != sh.nows[sh.other] {
-                        sh.nows[sh.other] = again;
-                        sh.buffer.push((Addr::Allow(j), again));
-                        sh.befores[sh.other] = sh.befores[sh.other].max(again);
-                        sh.again = true;
-                    }
-                    sh.other += 1;
-                }
+                Some(&j) => self.read_again(s, &mut n, i, j, true),
                 None if sh.again && sh.round + 1 < self.rounds => {
                     sh.round += 1;
                     sh.pc = 11;
@@ -258,7 +255,7 @@ impl Model<'_> {
             // bound, never short).
             15 => match others.get(sh.other) {
                 Some(&j) => {
-                    let before = sh.befores[sh.other];
+                    let before = sh.high[sh.other];
                     sh.buffer.push((Addr::Allow(j), before));
                     sh.other += 1;
                 }
@@ -268,7 +265,7 @@ impl Model<'_> {
                 if !drained {
                     return None;
                 }
-                sh.nows = sh.befores.clone();
+                sh.nows = sh.high.clone();
                 sh.allowed = sh.nows.iter().sum();
                 n.board = n.board.max(sh.value + sh.allowed);
                 n.shards[i].pc = 17;
@@ -346,12 +343,10 @@ impl Model<'_> {
                     pc: 0,
                     value: 0,
                     before: 0,
-                    was: 0,
                     other: 0,
-                    held: 0,
                     allowed: 0,
                     nows: vec![0; shards - 1],
-                    befores: vec![0; shards - 1],
+                    high: vec![0; shards - 1],
                     again: false,
                     round: 0,
                     buffer: Vec::new(),
