@@ -21,6 +21,7 @@ pub mod log;
 mod ptr_table;
 pub mod record;
 pub mod resource;
+mod route;
 pub mod sizing;
 pub mod slots;
 pub mod stats;

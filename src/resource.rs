@@ -147,7 +147,7 @@ impl<R: Resource> Resource for Tracked<'_, R> {
     fn free(&self, ptr: DevPtr, size: u64, stream: StreamId) -> Result<()> {
         // Out of the live table first: once the inner resource frees it, another thread may
         // be handed `ptr` and enter it again.
-        let taken = self.tracker.take(self.device, ptr);
+        let taken = self.tracker.take(self.device, ptr, stream);
         let before = self.before();
         let r = self.inner.free(ptr, size, stream);
         let reserved = || self.inner.reserved();

@@ -12,11 +12,12 @@
 //!   [`Peaks`]': the highest sum of the shards' values at the ends of their requests, kept with
 //!   no lock in the common case (see there).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
 
 use parking_lot::Mutex;
 
 use crate::device::StreamId;
+use crate::route::Router;
 use crate::stats::{DeviceStats, STATS};
 
 /// Shards per arena: streams beyond this many share them (stream `i` in order of first use
@@ -25,9 +26,6 @@ pub(super) const SHARDS: usize = 8;
 /// Readings of the other shards' values before [`Peaks`]' slow path settles for a bound (each
 /// takes a fence and a load per shard; the others change them only at their requests' ends).
 const SETTLE_ROUNDS: usize = 8;
-/// Streams remembered by the router in order of first use; later ones go to a shard by a hash
-/// of their handle (so one stream always goes to the same shard).
-const ROUTED: usize = 64;
 
 pub(super) struct Shared {
     /// Physical bytes all shards hold (the sum of their `reserved_bytes`), for the limit: on a
@@ -108,7 +106,7 @@ impl Shared {
     /// The shard serving `stream`.
     #[inline]
     pub(super) fn shard_of(&self, stream: StreamId) -> usize {
-        self.router.shard(stream)
+        self.router.number(stream) % SHARDS
     }
 }
 
@@ -332,79 +330,9 @@ fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// Which shard serves each stream: the first [`ROUTED`] streams in order of first use, one shard
-/// after another; read with no lock (a request's stream is almost always among the first few).
-struct Router {
-    ids: [AtomicU64; ROUTED],
-    known: AtomicUsize,
-    claim: Mutex<()>,
-}
-
-impl Router {
-    fn new() -> Router {
-        Router {
-            ids: std::array::from_fn(|_| AtomicU64::new(0)),
-            known: AtomicUsize::new(0),
-            claim: Mutex::new(()),
-        }
-    }
-
-    /// Whether `stream` is the first stream seen.
-    #[inline]
-    fn first(&self, stream: StreamId) -> bool {
-        self.known.load(Ordering::Acquire) >= 1 && self.ids[0].load(Ordering::Relaxed) == stream
-    }
-
-    #[inline]
-    fn shard(&self, stream: StreamId) -> usize {
-        let known = self.known.load(Ordering::Acquire);
-        for (i, id) in self.ids[..known].iter().enumerate() {
-            if id.load(Ordering::Relaxed) == stream {
-                return i % SHARDS;
-            }
-        }
-        self.claim(stream)
-    }
-
-    #[cold]
-    fn claim(&self, stream: StreamId) -> usize {
-        let _g = self.claim.lock();
-        let known = self.known.load(Ordering::Relaxed);
-        for (i, id) in self.ids[..known].iter().enumerate() {
-            if id.load(Ordering::Relaxed) == stream {
-                return i % SHARDS;
-            }
-        }
-        if known < ROUTED {
-            self.ids[known].store(stream, Ordering::Relaxed);
-            // Release: a reader that sees the count sees the id stored before it.
-            self.known.store(known + 1, Ordering::Release);
-            return known % SHARDS;
-        }
-        // Fibonacci hashing: stream handles are pointers, their low bits alike.
-        (stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize % SHARDS
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn streams_go_to_shards_in_order_of_first_use_and_stay() {
-        let r = Router::new();
-        let streams: Vec<u64> = (0..ROUTED as u64 + 40)
-            .map(|i| 0x7f00_0000 + i * 64)
-            .collect();
-        let first: Vec<usize> = streams.iter().map(|&s| r.shard(s)).collect();
-        for (i, &s) in first.iter().enumerate().take(ROUTED) {
-            assert_eq!(s, i % SHARDS);
-        }
-        let again: Vec<usize> = streams.iter().rev().map(|&s| r.shard(s)).collect();
-        assert_eq!(first, again.into_iter().rev().collect::<Vec<_>>());
-        // Stream 0 (the legacy default stream) is a stream like any other.
-        assert_eq!(Router::new().shard(0), 0);
-    }
 
     #[test]
     fn the_limit_holds_for_every_reservation() {

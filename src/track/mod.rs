@@ -11,9 +11,16 @@
 //! counter), time (µs since the tracker started, from `CLOCK_MONOTONIC_COARSE`: a vDSO read of a
 //! clock with the resolution of a kernel tick), step, tag (the innermost tag of the allocating
 //! thread's stack, interned) and site (0 when not captured). The live table is per device and
-//! sharded by pointer into [`SHARDS`] open-addressing tables (`crate::ptr_table`), each behind its
-//! own spin lock: threads freeing different pointers rarely meet on a lock. Per-site live bytes
-//! and counts (for leak judgement) are touched only for allocations that have a site.
+//! split into [`SHARDS`] open-addressing tables (`crate::ptr_table`), each behind its own spin
+//! lock: [`GROUPS`] groups, one per stream in order of first use as the arena's shards are
+//! (`crate::route`), each split by pointer in two. A thread allocating and freeing on its own
+//! stream therefore writes only its group's locks and tables: split by pointer alone, every
+//! thread wrote every shard, and each request waited for cache lines another core had written
+//! (4 threads through the C ABI: 1.23x one thread's pairs per second before, BENCHMARKS.md,
+//! "Threads"). PyTorch frees on the allocation's stream; a free given another stream, and a
+//! lookup by pointer alone (`record_stream`, [`Tracker::entry`]), look in every group. Per-site
+//! live bytes and counts (for leak judgement) are touched only for allocations that have a
+//! site.
 //!
 //! # Steps
 //!
@@ -65,6 +72,7 @@ use crate::config::{Config, SitesMode};
 use crate::device::{DevPtr, MAX_DEVICES, StreamId};
 use crate::json;
 use crate::ptr_table::{PtrTable, Vacant};
+use crate::route::Router;
 use leaks::Point;
 use sites::{Frame, Interner, SITES_NATIVE, SITES_PYTHON, Symbolizer};
 use spin::SpinLock;
@@ -72,8 +80,14 @@ use spin::SpinLock;
 /// One shard of the live table: at most an eighth full (`ptr_table`'s module doc says why).
 type Table = PtrTable<Entry, 8>;
 
+/// Live-table groups per device: stream `i` in order of first use goes to group `i % GROUPS`,
+/// as it goes to the arena's shard `i % 8`.
+pub const GROUPS: usize = 8;
+/// Live-table shards per group, by pointer: two threads on one stream meet on one lock half
+/// as often.
+const PER_GROUP: usize = 2;
 /// Live-table shards per device.
-pub const SHARDS: usize = 16;
+pub const SHARDS: usize = GROUPS * PER_GROUP;
 /// Step boundaries kept per device.
 pub const MAX_BOUNDARIES: usize = 256;
 /// History entries kept when `torch_arena_history_enable` is given 0.
@@ -202,6 +216,7 @@ pub struct HistEntry {
 /// The tracking state of one device.
 struct DeviceTrack {
     shards: Box<[Shard]>,
+    router: Router,
     site_live: Mutex<PtrMap<u32, SiteLive>>,
     boundaries: Mutex<VecDeque<Boundary>>,
     history: Mutex<VecDeque<HistEntry>>,
@@ -211,16 +226,49 @@ impl DeviceTrack {
     fn new() -> Self {
         DeviceTrack {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            router: Router::new(),
             site_live: Mutex::new(PtrMap::default()),
             boundaries: Mutex::new(VecDeque::new()),
             history: Mutex::new(VecDeque::new()),
         }
     }
 
+    /// The shard for `ptr` allocated on `stream`.
     #[inline]
-    fn shard(&self, ptr: DevPtr) -> &SpinLock<Table> {
+    fn shard(&self, stream: StreamId, ptr: DevPtr) -> &SpinLock<Table> {
+        let group = self.router.number(stream) % GROUPS;
+        &self.shards[group * PER_GROUP + Self::within(ptr)].0
+    }
+
+    /// Which of its group's shards holds `ptr`.
+    #[inline]
+    fn within(ptr: DevPtr) -> usize {
         let h = (ptr >> 9).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        &self.shards[(h >> (64 - SHARDS.trailing_zeros())) as usize].0
+        (h >> (64 - PER_GROUP.trailing_zeros())) as usize
+    }
+
+    /// The shards that may hold `ptr` whatever its stream: one in each group.
+    fn each_for(&self, ptr: DevPtr) -> impl Iterator<Item = &SpinLock<Table>> {
+        let within = Self::within(ptr);
+        (0..GROUPS).map(move |g| &self.shards[g * PER_GROUP + within].0)
+    }
+
+    /// Take `ptr`'s entry out: from its stream's shard, else (a free given another stream than
+    /// the allocation's, or a pointer that is not live) from whichever shard holds it.
+    #[inline]
+    fn remove(&self, stream: StreamId, ptr: DevPtr) -> Option<Entry> {
+        let shard = self.shard(stream, ptr);
+        shard
+            .lock()
+            .remove(ptr)
+            .or_else(|| self.remove_anywhere(shard, ptr))
+    }
+
+    #[cold]
+    fn remove_anywhere(&self, tried: &SpinLock<Table>, ptr: DevPtr) -> Option<Entry> {
+        self.each_for(ptr)
+            .filter(|s| !std::ptr::eq(*s, tried))
+            .find_map(|s| s.lock().remove(ptr))
     }
 
     fn site_add(&self, site: u32, bytes: u64, add: bool) {
@@ -505,7 +553,7 @@ impl Tracker {
             recorded: false,
         };
         // An allocator never hands out address 0, the one key the table refuses.
-        let _ = d.shard(ptr).lock().insert(ptr, e);
+        let _ = d.shard(stream, ptr).lock().insert(ptr, e);
         if site != 0 {
             d.site_add(site, size, true);
         }
@@ -538,14 +586,15 @@ impl Tracker {
         }
     }
 
-    /// Before the arena frees `ptr`: take its entry out of the live table (so that a new
-    /// allocation at the same address, on another thread, is never removed by this free).
+    /// Before the arena frees `ptr`, given `stream` (the allocation's, as PyTorch passes it):
+    /// take its entry out of the live table (so that a new allocation at the same address, on
+    /// another thread, is never removed by this free).
     #[inline]
-    pub fn take(&self, device: i32, ptr: DevPtr) -> Option<Entry> {
+    pub fn take(&self, device: i32, ptr: DevPtr, stream: StreamId) -> Option<Entry> {
         if !self.enabled {
             return None;
         }
-        self.device_if_open(device)?.shard(ptr).lock().remove(ptr)
+        self.device_if_open(device)?.remove(stream, ptr)
     }
 
     /// After the arena's free of `ptr`: `freed` says whether the arena freed it (a size mismatch
@@ -565,7 +614,7 @@ impl Tracker {
             return;
         };
         if !freed {
-            let _ = d.shard(ptr).lock().insert(ptr, e);
+            let _ = d.shard(e.stream, ptr).lock().insert(ptr, e);
             return;
         }
         if e.site != 0 {
@@ -621,9 +670,11 @@ impl Tracker {
             return;
         }
         for d in self.devices.iter().filter_map(OnceCell::get) {
-            if let Some(e) = d.shard(base).lock().get_mut(base) {
-                e.recorded = true;
-                return;
+            for shard in d.each_for(base) {
+                if let Some(e) = shard.lock().get_mut(base) {
+                    e.recorded = true;
+                    return;
+                }
             }
         }
     }
@@ -631,10 +682,8 @@ impl Tracker {
     /// The live entry at `ptr` on `device`.
     pub fn entry(&self, device: i32, ptr: DevPtr) -> Option<Entry> {
         self.device_if_open(device)?
-            .shard(ptr)
-            .lock()
-            .get(ptr)
-            .copied()
+            .each_for(ptr)
+            .find_map(|s| s.lock().get(ptr).copied())
     }
 
     /// Every live allocation of `device`, oldest first.

@@ -92,8 +92,9 @@ proptest! {
         let a = arena("");
         let t = a.tracker();
         let mut model: [HashMap<u64, Expect>; 2] = Default::default();
-        let mut order: Vec<(i32, u64, usize)> = Vec::new();
-        let mut freed: Vec<(i32, u64, usize)> = Vec::new();
+        // (device, pointer, size, stream)
+        let mut order: Vec<(i32, u64, usize, u64)> = Vec::new();
+        let mut freed: Vec<(i32, u64, usize, u64)> = Vec::new();
         let mut tags: Vec<String> = Vec::new();
         let names = ["train", "eval \"x\"", "ünï\ncode"];
         for op in ops {
@@ -106,18 +107,22 @@ proptest! {
                         step: t.current_step(),
                         tag: tags.last().cloned(),
                     });
-                    order.push((dev, p, size));
-                    freed.retain(|&(d, q, _)| !(d == dev && q == p));
+                    order.push((dev, p, size, stream));
+                    freed.retain(|&(d, q, _, _)| !(d == dev && q == p));
                 }
                 Op::Free(i) if !order.is_empty() => {
-                    let (dev, p, size) = order.swap_remove(i % order.len());
-                    a.free(p, size, dev, 0).unwrap();
+                    let (dev, p, size, stream) = order.swap_remove(i % order.len());
+                    // The allocation's stream, as PyTorch passes it, or another one: the
+                    // tracker keeps entries by stream and must find them either way.
+                    let given = if i & (1 << 40) == 0 { stream } else { (stream + 1) % 3 };
+                    a.free(p, size, dev, given).unwrap();
                     model[dev as usize].remove(&p);
-                    freed.push((dev, p, size));
+                    freed.push((dev, p, size, stream));
                 }
                 Op::DoubleFree(i) if !freed.is_empty() => {
-                    let (dev, p, size) = freed[i % freed.len()];
-                    prop_assert!(matches!(a.free(p, size, dev, 0), Err(Error::BadPointer(..))));
+                    let (dev, p, size, stream) = freed[i % freed.len()];
+                    let given = if i & (1 << 40) == 0 { stream } else { 0 };
+                    prop_assert!(matches!(a.free(p, size, dev, given), Err(Error::BadPointer(..))));
                 }
                 Op::Step => {
                     let before = t.current_step();
@@ -135,8 +140,8 @@ proptest! {
             check(&a, &model)?;
         }
         // A size mismatch still frees (and the entry goes).
-        if let Some(&(dev, p, size)) = order.first() {
-            prop_assert!(a.free(p, size + 1, dev, 0).is_err());
+        if let Some(&(dev, p, size, stream)) = order.first() {
+            prop_assert!(a.free(p, size + 1, dev, stream).is_err());
             model[dev as usize].remove(&p);
             check(&a, &model)?;
         }
