@@ -622,6 +622,6 @@ impl Arena {
 /// statistics goes to the device's peaks (`shared::Peaks`).
 fn counted<R>(shared: &Shared, i: usize, g: &mut Inner, f: impl FnOnce(&mut Inner) -> R) -> R {
     let r = f(g);
-    shared.peaks.request_ended(i, &g.stats.currents());
+    shared.peaks.request_ended(i, &g.stats);
     r
 }
