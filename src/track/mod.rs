@@ -236,7 +236,11 @@ impl DeviceTrack {
     /// The shard for `ptr` allocated on `stream`.
     #[inline]
     fn shard(&self, stream: StreamId, ptr: DevPtr) -> &SpinLock<Table> {
-        let group = self.router.number(stream) % GROUPS;
+        // The first stream (the usual one) first: one comparison.
+        let group = match self.router.first(stream) {
+            true => 0,
+            false => self.router.number(stream) % GROUPS,
+        };
         &self.shards[group * PER_GROUP + Self::within(ptr)].0
     }
 
@@ -258,10 +262,11 @@ impl DeviceTrack {
     #[inline]
     fn remove(&self, stream: StreamId, ptr: DevPtr) -> Option<Entry> {
         let shard = self.shard(stream, ptr);
-        shard
-            .lock()
-            .remove(ptr)
-            .or_else(|| self.remove_anywhere(shard, ptr))
+        let found = shard.lock().remove(ptr);
+        if found.is_some() {
+            return found;
+        }
+        self.remove_anywhere(shard, ptr)
     }
 
     #[cold]
