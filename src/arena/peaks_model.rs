@@ -15,6 +15,13 @@
 //! unlock (a locked instruction on x86) wait for the buffer to drain, and so does the end of a
 //! request (the shard's unlock). Weaker machines (Arm) are not modelled.
 //!
+//! One statistic, and its values compared: the code reads each shard's 29 values whole (a
+//! sequence lock), calls a reading settled only when no shard's publication count moved, and
+//! raises every statistic's peak at that one instant, so that the bounds between statistics hold
+//! (`shared::tests::peaks_keep_the_bounds_between_statistics` checks that with threads). For
+//! one statistic that only narrows what counts as settled: a reading the code accepts, the
+//! model's would too.
+//!
 //! Checked in every state reached (a depth-first search over all schedules, states memoised):
 //! - between requests (every shard between requests, every buffer drained), the sum of the
 //!   shards' values is within the peak, each shard's value within its allowance, and the

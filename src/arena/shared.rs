@@ -25,10 +25,11 @@ use crate::stats::{DeviceStats, STATS};
 pub(super) const SHARDS: usize = 8;
 /// Readings of the other shards' publication counts before [`Peaks`]' slow path settles for a
 /// bound (each takes a fence and a load per shard, and a whole reading of a shard that
-/// published). The bound is not exact, so it is a last resort: with 8 readings, 8 threads on
-/// this VM's 2 cores settled for it tens of times in one run of
-/// `peaks_keep_the_bounds_between_statistics`, and the peaks then broke the bounds between
-/// statistics; the slow path is rare, and a reading of the counts is short.
+/// published). The bound is not exact, so it is a last resort: with 8 readings (of the values,
+/// before the counts), the first reading of the slow path found no instant 19 to 86 times in a
+/// run of `peaks_keep_the_bounds_between_statistics` (8 threads on this VM's 2 cores), and the
+/// peaks broke the bounds between statistics in most runs; the slow path is rare, and a reading
+/// of the counts is short.
 const SETTLE_ROUNDS: usize = 1 << 14;
 
 pub(super) struct Shared {
@@ -225,10 +226,10 @@ impl Peaks {
 
     /// Shard `i` ended a request above its allowance for the statistics in `over`.
     ///
-    /// The others' values (all of them) are read until a reading after a fence finds none
-    /// changed and none of the others published since: each then held its values from one
-    /// reading to the next, so all of them did at the fence between, and every peak is raised to
-    /// the total then. Every peak, at one instant: raising each statistic's at an instant of its
+    /// The others' values (all of them) are read until a reading of their publication counts
+    /// after a fence finds none published since ([`Peaks::settle`]): each then held its values
+    /// from when they were read to that reading, so all of them did at the fence before it, and
+    /// every peak is raised to the total then. Every peak, at one instant: raising each statistic's at an instant of its
     /// own let a shard's request count in one statistic's total and not yet in another's, and
     /// an `all` peak came out above its pools' together (`arena_threads`, about one run in ten;
     /// `peaks_keep_the_bounds_between_statistics`). Where the others' slack is taken, one whose
@@ -466,6 +467,7 @@ mod tests {
                 }
             });
             let p = peaks.peaks();
+            // Arrays 4 and 6 of `currents`' order: allocated and active bytes (all, small, large).
             for a in [4, 6] {
                 let (all, small, large) = (p[3 * a], p[3 * a + 1], p[3 * a + 2]);
                 assert!(

@@ -214,19 +214,25 @@ impl DeviceStats {
         self.each(|s| s.current)
     }
 
-    /// `f` of every [`Stat`], in the order of [`DeviceStats::currents`]. Plain field reads, as
-    /// the shards' requests read them on every request (an iterator chain here cost a third of
-    /// a request: `bench/threads`).
+    /// `f(k, stat)` of every [`Stat`], `k` its place in the order of [`DeviceStats::currents`].
+    /// Plain field reads, as the shards' requests read them on every request (an iterator chain
+    /// here cost a third of a request: `bench/threads`).
+    #[inline]
+    fn visit(&self, mut f: impl FnMut(usize, &Stat)) {
+        for (i, a) in self.arrays().into_iter().enumerate() {
+            f(3 * i, &a.0[0]);
+            f(3 * i + 1, &a.0[1]);
+            f(3 * i + 2, &a.0[2]);
+        }
+        f(27, &self.oversize_allocations);
+        f(28, &self.oversize_segments);
+    }
+
+    /// `f` of every [`Stat`], in the order of [`DeviceStats::currents`].
     #[inline]
     fn each(&self, f: impl Fn(&Stat) -> i64) -> [i64; STATS] {
         let mut out = [0; STATS];
-        for (i, a) in self.arrays().into_iter().enumerate() {
-            out[3 * i] = f(&a.0[0]);
-            out[3 * i + 1] = f(&a.0[1]);
-            out[3 * i + 2] = f(&a.0[2]);
-        }
-        out[27] = f(&self.oversize_allocations);
-        out[28] = f(&self.oversize_segments);
+        self.visit(|k, s| out[k] = f(s));
         out
     }
 
@@ -235,13 +241,7 @@ impl DeviceStats {
     /// cost them 29 stores and 29 loads more (`bench/instructions`).
     #[inline]
     pub fn each_current(&self, mut f: impl FnMut(usize, i64)) {
-        for (i, a) in self.arrays().into_iter().enumerate() {
-            f(3 * i, a.0[0].current);
-            f(3 * i + 1, a.0[1].current);
-            f(3 * i + 2, a.0[2].current);
-        }
-        f(27, self.oversize_allocations.current);
-        f(28, self.oversize_segments.current);
+        self.visit(|k, s| f(k, s.current));
     }
 
     /// The peak of every [`Stat`], in the order of [`DeviceStats::currents`].

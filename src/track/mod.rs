@@ -16,8 +16,8 @@
 //! (`crate::route`), each split by pointer in two. A thread allocating and freeing on its own
 //! stream therefore writes only its group's locks and tables: split by pointer alone, every
 //! thread wrote every shard, and each request waited for cache lines another core had written
-//! (4 threads through the C ABI: 1.23x one thread's pairs per second before, BENCHMARKS.md,
-//! "Threads"). PyTorch frees on the allocation's stream; a free given another stream, and a
+//! (4 threads through the C ABI: 1.23x one thread's pairs per second before, 1.56x after,
+//! BENCHMARKS.md, "Threads"). PyTorch frees on the allocation's stream; a free given another stream, and a
 //! lookup by pointer alone (`record_stream`, [`Tracker::entry`]), look in every group. Per-site
 //! live bytes and counts (for leak judgement) are touched only for allocations that have a
 //! site.
