@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::sizing as native;
+use crate::stats::{all_mask, place, with_pool};
 
 impl Inner {
     pub(super) fn reserved(&self) -> u64 {
@@ -85,6 +86,14 @@ impl Inner {
         st.allocated_bytes.increase(pool, block as i64);
         st.active_bytes.increase(pool, block as i64);
         st.requested_bytes.increase(pool, size as i64);
+        const RAISED: u32 = all_mask(&[
+            place::ALLOCATION,
+            place::ACTIVE,
+            place::ALLOCATED_BYTES,
+            place::ACTIVE_BYTES,
+            place::REQUESTED_BYTES,
+        ]);
+        self.rising |= with_pool(RAISED, pool);
         self.active_at[at as usize] += block as i64;
         self.update_inactive_split(at);
     }
@@ -114,6 +123,7 @@ impl Inner {
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, bytes as i64);
         self.stats.num_device_alloc += 1;
+        self.rising |= with_pool(SEGMENTS, pool);
     }
 
     /// One handle (or plain segment) of `bytes` given back to the driver.
@@ -135,6 +145,7 @@ impl Inner {
         self.stats
             .reserved_bytes
             .increase(Pool::Large, bytes as i64);
+        self.rising |= with_pool(SEGMENTS, Pool::Large);
     }
 
     /// A request that ran out of memory.
@@ -173,6 +184,7 @@ impl Inner {
         let bytes = (pages * self.page) as i64;
         self.stats.segment.transfer(from, to, handles as i64);
         self.stats.reserved_bytes.transfer(from, to, bytes);
+        self.rising |= with_pool(SEGMENTS, to);
     }
 
     /// Count `bytes` of physical memory just created (one handle, or a plain segment with
@@ -241,8 +253,12 @@ impl Inner {
                 (free, self.partial_pages)
             }
         };
-        set_stat(&mut self.stats.inactive_split_bytes, pool, bytes);
-        set_stat(&mut self.stats.inactive_split, pool, count);
+        let rose = set_stat(&mut self.stats.inactive_split_bytes, pool, bytes)
+            | set_stat(&mut self.stats.inactive_split, pool, count);
+        const SPLIT: u32 = all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]);
+        if rose {
+            self.rising |= with_pool(SPLIT, pool);
+        }
     }
 
     pub(super) fn extras(&self) -> ArenaExtras {
@@ -291,12 +307,17 @@ pub(super) fn counted_pool(size: u64) -> Pool {
     }
 }
 
-/// Set a derived statistic's current value, keeping peak and totals in step.
-fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
+/// Set a derived statistic's current value, keeping peak and totals in step. Says whether it
+/// rose.
+fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) -> bool {
     let delta = value - arr.pool(pool).current;
     if delta > 0 {
         arr.increase(pool, delta);
     } else if delta < 0 {
         arr.decrease(pool, -delta);
     }
+    delta > 0
 }
+
+/// The statistics a handle created or moved changes.
+const SEGMENTS: u32 = all_mask(&[place::SEGMENT, place::RESERVED_BYTES]);

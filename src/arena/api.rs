@@ -109,6 +109,7 @@ impl Inner {
             epoch: now,
             seq: 0,
             stats: DeviceStats::new(),
+            rising: 0,
             in_use_pages: [0; 3],
             active_at: [0; 3],
             partial_slabs: 0,
@@ -622,6 +623,8 @@ impl Arena {
 /// statistics goes to the device's peaks (`shared::Peaks`).
 fn counted<R>(shared: &Shared, i: usize, g: &mut Inner, f: impl FnOnce(&mut Inner) -> R) -> R {
     let r = f(g);
-    shared.peaks.request_ended(i, &g.stats);
+    shared
+        .peaks
+        .request_ended(i, &g.stats, std::mem::take(&mut g.rising));
     r
 }

@@ -4,7 +4,8 @@
 //!
 //! Each shard runs a program of requests, each ending with its one statistic at a new value,
 //! and then runs `request_ended` as the code does, one shared-memory access a step: read its
-//! published value; publish the new one if it differs; if it rose, fence, read its allowance,
+//! published value; publish the new one if it differs; if it rose, fence (the code fences when
+//! an update raised a value during the request, a superset: `Inner::rising`), read its allowance,
 //! and if over it, `over`: take the board's lock, read the others' published values until a
 //! reading after a fence finds none changed, raise the peak, and take a new allowance (taking
 //! the others' slack if need be: lower their allowances, fence, read their values again, until

@@ -54,6 +54,38 @@ impl Stat {
 /// How many [`Stat`]s a [`DeviceStats`] holds: nine arrays of three, and the two oversize ones.
 pub const STATS: usize = 29;
 
+/// Each [`StatArray`]'s place in the order of [`DeviceStats::currents`]: array `a`'s `all` is
+/// statistic `3 * a`, its small and large pools the two after it.
+pub mod place {
+    pub const ALLOCATION: u32 = 0;
+    pub const SEGMENT: u32 = 1;
+    pub const ACTIVE: u32 = 2;
+    pub const INACTIVE_SPLIT: u32 = 3;
+    pub const ALLOCATED_BYTES: u32 = 4;
+    pub const RESERVED_BYTES: u32 = 5;
+    pub const ACTIVE_BYTES: u32 = 6;
+    pub const INACTIVE_SPLIT_BYTES: u32 = 7;
+    pub const REQUESTED_BYTES: u32 = 8;
+}
+
+/// The `all` statistics of the arrays at `places` ([`place`]), as a mask over the order of
+/// [`DeviceStats::currents`] (bit `k` for statistic `k`).
+pub const fn all_mask(places: &[u32]) -> u32 {
+    let mut m = 0;
+    let mut i = 0;
+    while i < places.len() {
+        m |= 1 << (3 * places[i]);
+        i += 1;
+    }
+    m
+}
+
+/// `all` (a mask from [`all_mask`]) with the same arrays' `pool` statistics.
+#[inline]
+pub fn with_pool(all: u32, pool: Pool) -> u32 {
+    all | all << pool as u32
+}
+
 /// `[all, small_pool, large_pool]`, updated together: a change to a pool also changes `all`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatArray(pub [Stat; 3]);
@@ -313,6 +345,45 @@ mod tests {
         let want: Vec<_> = st.currents().into_iter().enumerate().collect();
         assert_eq!(seen, want);
         assert_eq!(seen.len(), STATS);
+    }
+
+    /// The places name the arrays where `currents` has them: raising one array's pool raises
+    /// exactly the statistics its mask names.
+    #[test]
+    fn places_name_the_arrays_in_the_order_of_currents() {
+        type Field = fn(&mut DeviceStats) -> &mut StatArray;
+        let fields: [(u32, Field); 9] = [
+            (place::ALLOCATION, |s| &mut s.allocation),
+            (place::SEGMENT, |s| &mut s.segment),
+            (place::ACTIVE, |s| &mut s.active),
+            (place::INACTIVE_SPLIT, |s| &mut s.inactive_split),
+            (place::ALLOCATED_BYTES, |s| &mut s.allocated_bytes),
+            (place::RESERVED_BYTES, |s| &mut s.reserved_bytes),
+            (place::ACTIVE_BYTES, |s| &mut s.active_bytes),
+            (place::INACTIVE_SPLIT_BYTES, |s| &mut s.inactive_split_bytes),
+            (place::REQUESTED_BYTES, |s| &mut s.requested_bytes),
+        ];
+        for (at, field) in fields {
+            for pool in [Pool::Small, Pool::Large] {
+                let mut st = DeviceStats::new();
+                field(&mut st).increase(pool, 7);
+                let changed = st
+                    .currents()
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &v)| v != 0)
+                    .fold(0u32, |m, (k, _)| m | 1 << k);
+                assert_eq!(
+                    changed,
+                    with_pool(all_mask(&[at]), pool),
+                    "array {at}, {pool:?}"
+                );
+            }
+        }
+        assert_eq!(
+            all_mask(&[place::ALLOCATION, place::REQUESTED_BYTES]),
+            1 | 1 << 24
+        );
     }
 
     /// A page that moves is one allocation in `all`, and `all` stays the pools' sum, also when
