@@ -86,6 +86,18 @@ impl Inner {
         st.allocated_bytes.increase(pool, block as i64);
         st.active_bytes.increase(pool, block as i64);
         st.requested_bytes.increase(pool, size as i64);
+        self.active_at[at as usize] += block as i64;
+        self.update_inactive_split(at);
+    }
+
+    /// A request for `size` bytes is about to be served while several shards serve: the counts
+    /// [`Inner::count_alloc`] raises for it may rise (`Inner::rising`). Said here, before the
+    /// request, rather than in `count_alloc`: one shard serving alone publishes nothing, and
+    /// marking them on its every request cost it 3 to 5 % of its pairs per second through the
+    /// C ABI (alternated runs of `bench/abi-threads`' harness, three sets of 3 to 6 rounds) for
+    /// 4.5 instructions a pair: where its hot code lay in the instruction cache, it seems
+    /// (cachegrind counted six times the misses there).
+    pub(super) fn malloc_raises(&mut self, size: u64) {
         const RAISED: u32 = all_mask(&[
             place::ALLOCATION,
             place::ACTIVE,
@@ -93,9 +105,7 @@ impl Inner {
             place::ACTIVE_BYTES,
             place::REQUESTED_BYTES,
         ]);
-        self.rising |= with_pool(RAISED, pool);
-        self.active_at[at as usize] += block as i64;
-        self.update_inactive_split(at);
+        self.rising |= with_pool(RAISED, counted_pool(size));
     }
 
     /// A live allocation freed: its `block` bytes, for a request of `requested` bytes.
@@ -253,12 +263,10 @@ impl Inner {
                 (free, self.partial_pages)
             }
         };
-        let rose = set_stat(&mut self.stats.inactive_split_bytes, pool, bytes)
-            | set_stat(&mut self.stats.inactive_split, pool, count);
-        const SPLIT: u32 = all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]);
-        if rose {
-            self.rising |= with_pool(SPLIT, pool);
-        }
+        // Not marked in `rising`: they change on most requests, up or down, and the
+        // publication compares them itself (`shared::DERIVED`).
+        set_stat(&mut self.stats.inactive_split_bytes, pool, bytes);
+        set_stat(&mut self.stats.inactive_split, pool, count);
     }
 
     pub(super) fn extras(&self) -> ArenaExtras {
@@ -307,16 +315,14 @@ pub(super) fn counted_pool(size: u64) -> Pool {
     }
 }
 
-/// Set a derived statistic's current value, keeping peak and totals in step. Says whether it
-/// rose.
-fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) -> bool {
+/// Set a derived statistic's current value, keeping peak and totals in step.
+fn set_stat(arr: &mut crate::stats::StatArray, pool: Pool, value: i64) {
     let delta = value - arr.pool(pool).current;
     if delta > 0 {
         arr.increase(pool, delta);
     } else if delta < 0 {
         arr.decrease(pool, -delta);
     }
-    delta > 0
 }
 
 /// The statistics a handle created or moved changes.

@@ -20,6 +20,19 @@ impl Inner {
         }
     }
 
+    /// [`Inner::try_malloc`] while several shards serve: what it may raise is said first, for
+    /// the device's peaks ([`Inner::malloc_raises`]).
+    pub(super) fn malloc_counted(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+        release: bool,
+    ) -> Result<Option<Block>> {
+        self.malloc_raises(size);
+        self.try_malloc(size, stream, pool, release)
+    }
+
     /// A request of `stream` (in private pool `pool`, if any): the block, or `None` when even the
     /// out-of-memory ladder found no memory (nothing counted yet: the arena may free memory
     /// elsewhere and ask again, or count it with `out_of_memory`). With `release` false the

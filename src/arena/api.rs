@@ -224,7 +224,7 @@ impl Arena {
         let i = self.shared.shard_of(stream);
         // With other shards in use, their cached pages come before this one's go to the driver.
         let release = !self.shared.multi();
-        let first = self.on(i, |g| g.try_malloc(size, stream, pool, release))?;
+        let first = self.on(i, |g| g.malloc_counted(size, stream, pool, release))?;
         match first {
             Some(b) => Ok(b),
             None => self.short_of_memory(i, size, stream, pool),
@@ -254,11 +254,11 @@ impl Arena {
                 self.on(i, |g| g.take_handles(handles));
             }
         }
-        if moved && let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, false))? {
+        if moved && let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, false))? {
             return Ok(b);
         }
         // The whole ladder now: this shard's own cache may go to the driver too.
-        if let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, true))? {
+        if let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, true))? {
             return Ok(b);
         }
         let mut released = 0;
@@ -266,7 +266,7 @@ impl Arena {
             released += self.on(j, |g| g.reclaim(true))?.bytes_released;
         }
         if released > 0
-            && let Some(b) = self.on(i, |g| g.try_malloc(size, stream, pool, true))?
+            && let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, true))?
         {
             return Ok(b);
         }

@@ -439,10 +439,11 @@ struct Inner {
     epoch: Instant,
     seq: u64,
     stats: DeviceStats,
-    /// The statistics (bits in the order of [`DeviceStats::currents`]) an update raised since
-    /// they were last published to the device's peaks (`shared::Peaks::request_ended`): a
-    /// superset of those that rose, set where `accounting.rs` raises them, so that the
-    /// publication need not compare all 29.
+    /// Statistics (bits in the order of [`DeviceStats::currents`]) that may have risen since
+    /// they were last published to the device's peaks (`shared::Peaks::request_ended`), so that
+    /// the publication need not compare all 29: set by `accounting.rs` before a malloc while
+    /// several shards serve (`malloc_raises`) and where it counts a handle; the inactive-split
+    /// ones, derived on most requests, are compared there instead.
     rising: u32,
     /// Pages holding live data per pool, for the inactive-split figures.
     in_use_pages: [u64; 3],
