@@ -42,39 +42,31 @@ impl Tracker {
             }
         };
         let me = self.id;
-        let _ = TAG_STACK.try_with(|s| s.borrow_mut().push((me, id)));
+        let _ = HERE.try_with(|h| h.tags.borrow_mut().push((me, id)));
     }
 
     /// Pop the calling thread's innermost tag; false when its stack is empty.
     pub fn tag_pop(&self) -> bool {
         let me = self.id;
-        TAG_STACK
-            .try_with(|s| {
-                let mut s = s.borrow_mut();
-                match s.iter().rposition(|&(t, _)| t == me) {
-                    Some(i) => {
-                        s.remove(i);
-                        true
-                    }
-                    None => false,
+        HERE.try_with(|h| {
+            let mut s = h.tags.borrow_mut();
+            match s.iter().rposition(|&(t, _)| t == me) {
+                Some(i) => {
+                    s.remove(i);
+                    true
                 }
-            })
-            .unwrap_or(false)
+                None => false,
+            }
+        })
+        .unwrap_or(false)
     }
 
-    /// The calling thread's innermost tag (0: none).
+    /// The calling thread's number ([`thread_number`]) and innermost tag (0: none), from one
+    /// reading of the thread-local ([`Here`]). While the thread is being torn down: (0, 0).
     #[inline]
-    pub(super) fn current_tag(&self) -> u32 {
+    pub(super) fn thread_and_tag(&self) -> (u32, u32) {
         let me = self.id;
-        TAG_STACK
-            .try_with(|s| {
-                s.borrow()
-                    .iter()
-                    .rev()
-                    .find(|&&(t, _)| t == me)
-                    .map_or(0, |&(_, id)| id)
-            })
-            .unwrap_or(0)
+        HERE.try_with(|h| (h.number(), h.tag(me))).unwrap_or((0, 0))
     }
 
     /// The name of tag `id` (None for 0).
@@ -123,10 +115,10 @@ impl Tracker {
         }
         let every = self.settings.every.load(Ordering::Relaxed);
         if every > 1 {
-            let n = SAMPLE
-                .try_with(|c| {
-                    let n = c.get();
-                    c.set(n.wrapping_add(1));
+            let n = HERE
+                .try_with(|h| {
+                    let n = h.sample.get();
+                    h.sample.set(n.wrapping_add(1));
                     n
                 })
                 .unwrap_or(1);

@@ -313,41 +313,69 @@ struct SiteSettings {
 }
 
 /// Interned tags: id - 1 indexes `names`. The stacks of pushed tags are per thread
-/// ([`TAG_STACK`]).
+/// ([`Here::tags`]).
 #[derive(Default)]
 struct Tags {
     ids: HashMap<String, u32>,
     names: Vec<String>,
 }
 
-thread_local! {
+/// What the tracker keeps per thread, in one thread-local: in the cdylib PyTorch loads each
+/// thread-local is found by a call (`__tls_get_addr`, about 11 instructions), and every
+/// allocation reads both the thread's number and its tags.
+struct Here {
     /// This thread's number (0 = not yet given one).
-    static THREAD: Cell<u32> = const { Cell::new(0) };
+    number: Cell<u32>,
     /// Allocations this thread has seen while sampling sites (for `sites_every`).
-    static SAMPLE: Cell<u64> = const { Cell::new(0) };
+    sample: Cell<u64>,
     /// This thread's pushed tags, innermost last, each with the id of the tracker it was
     /// pushed on (tests build many trackers in one process; a tracker sees only its own).
     /// Per thread, so two threads' blocks never swap labels; an allocation made on a thread
     /// with no tag pushed (an autograd worker) carries none.
-    static TAG_STACK: std::cell::RefCell<Vec<(u64, u32)>> = const { std::cell::RefCell::new(Vec::new()) };
+    tags: std::cell::RefCell<Vec<(u64, u32)>>,
+}
+
+thread_local! {
+    static HERE: Here = const {
+        Here {
+            number: Cell::new(0),
+            sample: Cell::new(0),
+            tags: std::cell::RefCell::new(Vec::new()),
+        }
+    };
 }
 static NEXT_THREAD: AtomicU32 = AtomicU32::new(1);
+
+impl Here {
+    /// This thread's number, given at its first call.
+    #[inline]
+    fn number(&self) -> u32 {
+        let n = self.number.get();
+        if n != 0 {
+            return n;
+        }
+        let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        self.number.set(n);
+        n
+    }
+
+    /// The innermost tag tracker `me` pushed on this thread (0: none).
+    #[inline]
+    fn tag(&self, me: u64) -> u32 {
+        self.tags.try_borrow().map_or(0, |s| {
+            s.iter()
+                .rev()
+                .find(|&&(t, _)| t == me)
+                .map_or(0, |&(_, id)| id)
+        })
+    }
+}
 static NEXT_TRACKER: AtomicU64 = AtomicU64::new(1);
 
 /// A small number for the calling thread (1, 2, ...; 0 while the thread is being torn down).
 #[inline]
 pub fn thread_number() -> u32 {
-    THREAD
-        .try_with(|t| {
-            let n = t.get();
-            if n != 0 {
-                return n;
-            }
-            let n = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
-            t.set(n);
-            n
-        })
-        .unwrap_or(0)
+    HERE.try_with(Here::number).unwrap_or(0)
 }
 
 /// Microseconds of `CLOCK_MONOTONIC_COARSE`.
@@ -369,7 +397,7 @@ pub struct Tracker {
     step: AtomicU64,
     /// Serialises [`Tracker::step`] so boundaries are recorded in order.
     step_lock: Mutex<()>,
-    /// This tracker's key in each thread's tag stack ([`TAG_STACK`]).
+    /// This tracker's key in each thread's tag stack ([`Here::tags`]).
     id: u64,
     tags: Mutex<Tags>,
     settings: SiteSettings,
@@ -545,6 +573,7 @@ impl Tracker {
         let Some(d) = self.device(device) else { return };
         let Block { ptr, size, seq } = block;
         let time_us = self.now_us();
+        let (thread, tag) = self.thread_and_tag();
         let e = Entry {
             size,
             requested,
@@ -552,8 +581,8 @@ impl Tracker {
             seq,
             time_us,
             step: self.step.load(Ordering::Relaxed),
-            thread: thread_number(),
-            tag: self.current_tag(),
+            thread,
+            tag,
             site,
             recorded: false,
         };
