@@ -94,7 +94,7 @@ impl Inner {
     /// [`Inner::count_alloc`] raises for it may rise (`Inner::rising`). Said here, before the
     /// request, rather than in `count_alloc`: one shard serving alone publishes nothing, and
     /// marking them on its every request cost it 3 to 5 % of its pairs per second through the
-    /// C ABI (alternated runs of `bench/abi-threads`' harness, three sets of 3 to 6 rounds) for
+    /// C ABI (alternated runs of `bench/abi-threads`' harness, three sets of 4 to 6 rounds) for
     /// 4.5 instructions a pair: where its hot code lay in the instruction cache, it seems
     /// (cachegrind counted six times the misses there).
     pub(super) fn malloc_raises(&mut self, size: u64) {

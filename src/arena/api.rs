@@ -379,8 +379,8 @@ impl Arena {
         // sustained contention, two threads on one stream, and each time it wins, the shard's
         // state moves to its core and the other's next request misses on it; trying less often
         // lets each holder run longer turns (2 threads on one stream through the C ABI, six
-        // alternated rounds: 1.72-1.84 M pairs per second where bursts of at most 64 pauses
-        // made 1.52-1.58 M).
+        // alternated rounds, the three in the VM's quick state: 1.72-1.84 M pairs per second
+        // where bursts of at most 64 pauses made 1.52-1.58 M).
         let (mut spent, mut burst) = (0, 1);
         while spent < SPIN_PAUSES {
             for _ in 0..burst {

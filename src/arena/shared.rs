@@ -29,9 +29,11 @@ pub(super) const SHARDS: usize = 8;
 /// add to the path of one shard serving alone, which publishes nothing (see
 /// `Inner::malloc_raises`): so that path runs what it ran before (`bench/abi-instructions`:
 /// 2,826.6 instructions a pair, 2,827.6 before).
-const DERIVED: u32 = all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES])
-    | all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]) << 1
-    | all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]) << 2;
+const DERIVED: u32 = {
+    let all = all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]);
+    // `all` and both pools of each.
+    all | all << 1 | all << 2
+};
 
 /// Readings of the other shards' publication counts before [`Peaks`]' slow path settles for a
 /// bound (each takes a fence and a load per shard, and a whole reading of a shard that
@@ -209,14 +211,13 @@ impl Peaks {
     /// each (an earlier form) about six mispredictions a request, since which of them changed
     /// follows no pattern a predictor learns.
     #[inline]
-    pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, rising: u32) {
+    pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, mut rising: u32) {
         let slot = &self.slots[i];
         let n = slot.publications.load(Ordering::Relaxed);
         slot.publications
             .store(n.wrapping_add(1), Ordering::Relaxed);
         // Release stores: each stays after the ones before it, the count's too (on x86 a plain
         // store).
-        let mut rising = rising;
         stats.each_current(|k, now| {
             // The loop is unrolled: `DERIVED >> k` is a constant in each copy.
             if DERIVED >> k & 1 == 1 {
