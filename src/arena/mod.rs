@@ -442,8 +442,9 @@ struct Inner {
     /// Statistics (bits in the order of [`DeviceStats::currents`]) that may have risen since
     /// they were last published to the device's peaks (`shared::Peaks::request_ended`), so that
     /// the publication need not compare all 29: set by `accounting.rs` before a malloc while
-    /// several shards serve (`malloc_raises`) and where it counts a handle; the inactive-split
-    /// ones, derived on most requests, are compared there instead.
+    /// several shards serve (`malloc_raises`), where it counts a handle, and where it derives the
+    /// inactive-split figures and one rises (on every path: the branch that raises them is
+    /// there already).
     rising: u32,
     /// Pages holding live data per pool, for the inactive-split figures.
     in_use_pages: [u64; 3],

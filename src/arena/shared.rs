@@ -18,22 +18,13 @@ use parking_lot::Mutex;
 
 use crate::device::StreamId;
 use crate::route::Router;
-use crate::stats::{DeviceStats, STATS, all_mask, place};
+use crate::stats::{DeviceStats, STATS};
 
 /// Shards per arena: streams beyond this many share them (stream `i` in order of first use
 /// goes to shard `i % SHARDS`).
 pub(super) const SHARDS: usize = 8;
-/// The statistics a request's end compares with what it published, as `Inner::rising` does
-/// not name them: the inactive-split counts and bytes, which `accounting.rs` derives on most
-/// requests and which go up or down with where the block lay. Marking their rises there would
-/// add to the path of one shard serving alone, which publishes nothing (see
-/// `Inner::malloc_raises`): so that path runs what it ran before (`bench/abi-instructions`:
-/// 2,826.6 instructions a pair, 2,827.6 before).
-const DERIVED: u32 = {
-    let all = all_mask(&[place::INACTIVE_SPLIT, place::INACTIVE_SPLIT_BYTES]);
-    // `all` and both pools of each.
-    all | all << 1 | all << 2
-};
+/// Every statistic, as a mask over the order of [`DeviceStats::currents`].
+const ALL: u32 = (1 << STATS) - 1;
 
 /// Readings of the other shards' publication counts before [`Peaks`]' slow path settles for a
 /// bound (each takes a fence and a load per shard, and a whole reading of a shard that
@@ -204,14 +195,16 @@ impl Peaks {
     /// each shard's values whole, from one publication: what holds between statistics at the end
     /// of a request (an `all` the sum of its pools) holds in what it reads.
     ///
-    /// The shard says what it raised (`Inner::rising`: set before a malloc, and where
-    /// `accounting.rs` counts a handle) rather than this comparing each value with the one it
-    /// published, but for the six inactive-split ones ([`DERIVED`]): comparing all 29 was a
-    /// load, a compare and a shift each, about 150 instructions a request, and with a branch
-    /// each (an earlier form) about six mispredictions a request, since which of them changed
-    /// follows no pattern a predictor learns.
+    /// The shard says what it raised (`Inner::rising`: set before a malloc, where
+    /// `accounting.rs` counts a handle, and where it derives the inactive-split figures) rather
+    /// than this comparing each value with the one it published: comparing all 29 was a load, a
+    /// compare and a shift each, about 150 instructions a request, and with a branch each (an
+    /// earlier form) about six mispredictions a request, since which of them changed follows no
+    /// pattern a predictor learns; comparing the six inactive-split ones alone was about 35
+    /// (`bench/instructions full/1000/2/arena`: 2,786.6 instructions a pair with them compared
+    /// here, 2,724.0 without).
     #[inline]
-    pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, mut rising: u32) {
+    pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, rising: u32) {
         let slot = &self.slots[i];
         let n = slot.publications.load(Ordering::Relaxed);
         slot.publications
@@ -219,11 +212,6 @@ impl Peaks {
         // Release stores: each stays after the ones before it, the count's too (on x86 a plain
         // store).
         stats.each_current(|k, now| {
-            // The loop is unrolled: `DERIVED >> k` is a constant in each copy.
-            if DERIVED >> k & 1 == 1 {
-                let was = slot.published[k].load(Ordering::Relaxed);
-                rising |= u32::from(now > was) << k;
-            }
             debug_assert!(
                 rising >> k & 1 == 1 || now <= slot.published[k].load(Ordering::Relaxed),
                 "statistic {k} rose to {now} and was not named as raised ({rising:#x})"
@@ -238,13 +226,32 @@ impl Peaks {
         fence(Ordering::SeqCst);
         // This shard's own values, as just published (only it writes them).
         let end = |k: usize| slot.published[k].load(Ordering::Relaxed);
+        // Any over at all first, with a branch per statistic: a request is almost never over
+        // (2,841 of 1.36 million requests of the pairs benchmark's two threads), so the branch
+        // is predicted, and the loop is shorter than one that builds the mask (10
+        // instructions a statistic, not 13).
+        let mut left = rising & ALL;
+        while left != 0 {
+            let k = left.trailing_zeros() as usize;
+            left &= left - 1;
+            if end(k) > slot.allow[k].load(Ordering::Relaxed) {
+                self.over_some(i, rising);
+                return;
+            }
+        }
+    }
+
+    /// Shard `i`'s request ended over its allowance for some of the statistics in `rising`.
+    #[cold]
+    #[inline(never)]
+    fn over_some(&self, i: usize, rising: u32) {
+        let slot = &self.slots[i];
+        let end = |k: usize| slot.published[k].load(Ordering::Relaxed);
         let mut over = 0u32;
-        for k in bits(rising) {
+        for k in bits(rising & ALL) {
             over |= u32::from(end(k) > slot.allow[k].load(Ordering::Relaxed)) << k;
         }
-        if over != 0 {
-            self.over(i, over, &std::array::from_fn(end));
-        }
+        self.over(i, over, &std::array::from_fn(end));
     }
 
     /// Shard `i` ended a request above its allowance for the statistics in `over`.
