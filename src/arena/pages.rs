@@ -157,7 +157,10 @@ impl Inner {
     }
 
     /// One user more (or less) of page `p`, which `[addr, addr + len)` may cover in part.
-    /// Returns whether the page is mapped.
+    /// Returns whether the page is mapped. Inlined into `count_range`, its only caller: called,
+    /// its entry and exit were a third of its 64 instructions (`bench/instructions
+    /// full/1000/1/arena`: 2,146.5 instructions a pair called, 2,074.8 inlined).
+    #[inline(always)]
     fn count_boundary(&mut self, region: u32, p: u32, addr: u64, len: u64, add: bool) -> bool {
         let page = self.page;
         let r = &mut self.regions[region as usize];
