@@ -251,6 +251,10 @@ impl Inner {
     }
 
     /// Free bytes held inside pages (or slabs) that also hold live data, and how many such units.
+    /// Inlined: called on every malloc and free, and left out of line once it marked rises
+    /// (`bench/instructions full/1000/1/arena`: 2,074.8 instructions a pair called, 2,059.8
+    /// inlined).
+    #[inline(always)]
     pub(super) fn update_inactive_split(&mut self, pool: Pool) {
         // A rise is marked here, in the branch that raises it, with a constant for each pool:
         // the publication compared the six with what it had published, about 70 instructions a
