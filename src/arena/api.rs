@@ -248,16 +248,22 @@ impl Arena {
         if !self.shared.multi() {
             return Err(self.on(i, |g| g.out_of_memory(size)));
         }
-        let mut moved = false;
-        for j in self.used().filter(|&j| j != i) {
-            let handles = self.on(j, |g| g.give_handles())?;
-            if !handles.is_empty() {
-                moved = true;
-                self.on(i, |g| g.take_handles(handles));
+        // First what the request could need (its pages, and one for a boundary it may share),
+        // then all: moving every cached page at each shortage made two streams trading memory
+        // at the limit move all of it back and forth (`synth:two-stream-train`).
+        let need = self.on(i, |g| g.pages_for(size));
+        for want in [need, u64::MAX] {
+            let mut moved = false;
+            for j in self.used().filter(|&j| j != i) {
+                let handles = self.on(j, |g| g.give_handles(want))?;
+                if !handles.is_empty() {
+                    moved = true;
+                    self.on(i, |g| g.take_handles(handles));
+                }
             }
-        }
-        if moved && let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, false))? {
-            return Ok(b);
+            if moved && let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, false))? {
+                return Ok(b);
+            }
         }
         // The whole ladder now: this shard's own cache may go to the driver too.
         if let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, true))? {

@@ -88,21 +88,41 @@ impl Inner {
         self.lent_pages -= lend.k as u64;
     }
 
-    /// For a shard that ran out: every idle mapping this shard's streams are proven done with is
-    /// unmapped (waiting for them, as the out-of-memory ladder does), and every whole pooled
-    /// handle leaves, for `take_handles` there (no driver call: CUDA handles belong to the
-    /// device, not to a shard). Pieces of handles still mapped in part stay.
-    pub(super) fn give_handles(&mut self) -> Result<Vec<(PageHandle, u32)>> {
-        self.reclaim(false)?;
+    /// For a shard that ran out: whole pooled handles of at least `want` pages in all (all of
+    /// them if there are fewer), for `take_handles` there (no driver call: CUDA handles belong to
+    /// the device, not to a shard). Pooled handles go first; then idle mappings this shard's
+    /// streams are proven done with are unmapped (waiting for them, as the out-of-memory ladder
+    /// does), oldest first, until enough whole handles are pooled. Pieces of handles still
+    /// mapped in part stay.
+    pub(super) fn give_handles(&mut self, want: u64) -> Result<Vec<(PageHandle, u32)>> {
         let mut out = Vec::new();
-        while let Some((h, k)) = self.pool_take_whole(u32::MAX) {
+        let mut given = 0u64;
+        self.give_pooled(&mut out, &mut given, want);
+        if given < want {
+            // Whole pooled handles are given as soon as an unmap completes one.
+            self.unmap_idle_until(|g| {
+                g.give_pooled(&mut out, &mut given, want);
+                given >= want
+            })?;
+            self.update_inactive_split(Pool::Small);
+            self.update_inactive_split(Pool::Large);
+        }
+        Ok(out)
+    }
+
+    /// Whole pooled handles, largest first, into `out` while `given` (pages) is under `want`.
+    fn give_pooled(&mut self, out: &mut Vec<(PageHandle, u32)>, given: &mut u64, want: u64) {
+        while *given < want {
+            let Some((h, k)) = self.pool_take_whole(u32::MAX) else {
+                break;
+            };
             if let Some(k) = self.shared_handles.remove(&h.0) {
                 self.shared_pages -= k as u64;
             }
             self.count_given(k as u64 * self.page);
             out.push((h, k));
+            *given += k as u64;
         }
-        Ok(out)
     }
 
     /// Handles another shard gave (`give_handles`), into this shard's pool.

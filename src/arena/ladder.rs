@@ -97,46 +97,7 @@ impl Inner {
     /// Wait for all streams; dissolve empty current slabs; unmap every idle page into the pool;
     /// with `release`, give the pool (and idle plain segments) back to the driver.
     pub(super) fn reclaim(&mut self, release: bool) -> Result<ReclaimReport> {
-        let whole = self.synchronize_all()?;
-        let synced = self.seq;
-        let mut report = ReclaimReport {
-            slabs_released: self.dissolve_empty_slabs(),
-            ..ReclaimReport::default()
-        };
-        // Every idle page is proven unused after a device-wide synchronisation; during a capture
-        // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
-        // just now are too: nothing can have used them since.
-        let mut safe = synced;
-        loop {
-            if whole {
-                let now = self.seq;
-                for st in self.streams.iter_mut().filter(|st| st.safe_seq == safe) {
-                    st.safe_seq = now;
-                }
-                safe = now;
-            }
-            while let Some(at) = self
-                .streams
-                .iter()
-                .map(|st| (st.idle_head, st.safe_seq))
-                .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
-                .map(|(h, _)| h)
-            {
-                if let Some(run) = self.unmap_idle(at)? {
-                    self.pool_put(run, Instant::now());
-                    report.pages_unmapped += run.k as u64;
-                    report.bytes_recovered += run.k as u64 * self.page;
-                }
-            }
-            // Unmapping a mapping of lent pages gave them back where they were lent from
-            // (`unlend`), where a mapping may now be idle with a new stamp. Nothing can have used
-            // its pages since the synchronisation (they held no block there, and the mapping
-            // that borrowed them was proven done before it was unmapped), and nothing else was
-            // freed since (the lock is held): once more round, with every stamp so far safe.
-            if !whole || self.seq == safe {
-                break;
-            }
-        }
+        let mut report = self.unmap_idle_until(|_| false)?;
         if release {
             while let Some((h, k)) = self.pool_take_whole(u32::MAX) {
                 self.release_handle(h, k)?;
@@ -157,6 +118,58 @@ impl Inner {
         }
         self.update_inactive_split(Pool::Small);
         self.update_inactive_split(Pool::Large);
+        Ok(report)
+    }
+
+    /// Wait for all streams; dissolve empty current slabs; unmap idle pages into the pool, oldest
+    /// first on each stream, until `enough` says so after an unmap (never: every idle page).
+    pub(super) fn unmap_idle_until(
+        &mut self,
+        mut enough: impl FnMut(&mut Inner) -> bool,
+    ) -> Result<ReclaimReport> {
+        let whole = self.synchronize_all()?;
+        let synced = self.seq;
+        let mut report = ReclaimReport {
+            slabs_released: self.dissolve_empty_slabs(),
+            ..ReclaimReport::default()
+        };
+        // Every idle page is proven unused after a device-wide synchronisation; during a capture
+        // only those of the streams synchronised (pool.rs). Pages of the empty slabs dissolved
+        // just now are too: nothing can have used them since.
+        let mut safe = synced;
+        'rounds: loop {
+            if whole {
+                let now = self.seq;
+                for st in self.streams.iter_mut().filter(|st| st.safe_seq == safe) {
+                    st.safe_seq = now;
+                }
+                safe = now;
+            }
+            while let Some(at) = self
+                .streams
+                .iter()
+                .map(|st| (st.idle_head, st.safe_seq))
+                .find(|&(h, safe)| h != PageRef::NONE && self.slot(h).idle_stamp <= safe)
+                .map(|(h, _)| h)
+            {
+                if let Some(run) = self.unmap_idle(at)? {
+                    self.pool_put(run, Instant::now());
+                    report.pages_unmapped += run.k as u64;
+                    report.bytes_recovered += run.k as u64 * self.page;
+                    if enough(self) {
+                        break 'rounds;
+                    }
+                }
+            }
+            // Unmapping a mapping of lent pages gave them back where they were lent from
+            // (`unlend`), where a mapping may now be idle with a new stamp. Nothing can have used
+            // its pages since the synchronisation (they held no block there, and the mapping
+            // that borrowed them was proven done before it was unmapped), and nothing else was
+            // freed since (the lock is held): once more round, with every stamp so far safe.
+            if !whole || self.seq == safe {
+                break;
+            }
+        }
         Ok(report)
     }
 

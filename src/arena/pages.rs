@@ -24,6 +24,14 @@ impl Inner {
         }
     }
 
+    /// The most new pages a request of `size` bytes could need: a block of its rounded length
+    /// spans at most one page more than its whole pages (saturating: a size no device holds
+    /// asks for everything).
+    pub(super) fn pages_for(&self, size: u64) -> u64 {
+        let len = size.checked_next_multiple_of(MIN_BLOCK).unwrap_or(u64::MAX);
+        self.page_of(len).saturating_add(2)
+    }
+
     /// First and last page index of `[addr, addr + len)` in `region`.
     #[inline]
     pub(super) fn pages_of(&self, region: u32, addr: u64, len: u64) -> (u32, u32) {
