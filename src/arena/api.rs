@@ -248,9 +248,9 @@ impl Arena {
         if !self.shared.multi() {
             return Err(self.on(i, |g| g.out_of_memory(size)));
         }
-        // First what the request could need (its pages, and one for a boundary it may share),
-        // then all: moving every cached page at each shortage made two streams trading memory
-        // at the limit move all of it back and forth (`synth:two-stream-train`).
+        // First what the request could need (`pages_for`), then all: moving every cached page
+        // at each shortage made two streams trading memory at the limit move all of it back and
+        // forth (`synth:two-stream-train`).
         let need = self.on(i, |g| g.pages_for(size));
         for want in [need, u64::MAX] {
             let mut moved = false;

@@ -24,9 +24,9 @@ impl Inner {
         }
     }
 
-    /// The most new pages a request of `size` bytes could need: a block of its rounded length
-    /// spans at most one page more than its whole pages (saturating: a size no device holds
-    /// asks for everything).
+    /// The most new pages a request of `size` bytes could need: a block of its rounded length,
+    /// starting anywhere in a page, spans at most two pages more than the whole pages its length
+    /// holds (saturating: a size no device holds asks for everything).
     pub(super) fn pages_for(&self, size: u64) -> u64 {
         let len = size.checked_next_multiple_of(MIN_BLOCK).unwrap_or(u64::MAX);
         self.page_of(len).saturating_add(2)
