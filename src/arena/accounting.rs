@@ -265,12 +265,7 @@ impl Inner {
             Pool::Small => (
                 self.nonempty_slab_bytes as i64 - self.active_at[Pool::Small as usize],
                 self.partial_slabs,
-                const {
-                    [
-                        BYTES | BYTES << Pool::Small as u32,
-                        COUNT | COUNT << Pool::Small as u32,
-                    ]
-                },
+                const { [with_pool(BYTES, Pool::Small), with_pool(COUNT, Pool::Small)] },
             ),
             Pool::Large => {
                 let held = (self.in_use_pages[Pool::Large as usize] * self.page) as i64;
@@ -278,12 +273,7 @@ impl Inner {
                 (
                     free,
                     self.partial_pages,
-                    const {
-                        [
-                            BYTES | BYTES << Pool::Large as u32,
-                            COUNT | COUNT << Pool::Large as u32,
-                        ]
-                    },
+                    const { [with_pool(BYTES, Pool::Large), with_pool(COUNT, Pool::Large)] },
                 )
             }
         };

@@ -253,9 +253,12 @@ impl Arena {
         // forth (`synth:two-stream-train`).
         let need = self.on(i, |g| g.pages_for(size));
         for want in [need, u64::MAX] {
-            let mut moved = false;
+            // A shard that gave less than asked gave all it could: then there is no more to ask
+            // for (nor a device-wide synchronisation to run for it).
+            let (mut moved, mut more) = (false, false);
             for j in self.used().filter(|&j| j != i) {
                 let handles = self.on(j, |g| g.give_handles(want))?;
+                more |= handles.iter().map(|&(_, k)| k as u64).sum::<u64>() >= want;
                 if !handles.is_empty() {
                     moved = true;
                     self.on(i, |g| g.take_handles(handles));
@@ -263,6 +266,9 @@ impl Arena {
             }
             if moved && let Some(b) = self.on(i, |g| g.malloc_counted(size, stream, pool, false))? {
                 return Ok(b);
+            }
+            if !more {
+                break;
             }
         }
         // The whole ladder now: this shard's own cache may go to the driver too.

@@ -104,8 +104,6 @@ impl Inner {
                 g.give_pooled(&mut out, &mut given, want);
                 given >= want
             })?;
-            self.update_inactive_split(Pool::Small);
-            self.update_inactive_split(Pool::Large);
         }
         Ok(out)
     }

@@ -116,13 +116,12 @@ impl Inner {
             // (their idle pages were unmapped above).
             self.retire_idle_streams(true, u64::MAX)?;
         }
-        self.update_inactive_split(Pool::Small);
-        self.update_inactive_split(Pool::Large);
         Ok(report)
     }
 
     /// Wait for all streams; dissolve empty current slabs; unmap idle pages into the pool, oldest
     /// first on each stream, until `enough` says so after an unmap (never: every idle page).
+    /// The inactive-split figures follow the slabs dissolved.
     pub(super) fn unmap_idle_until(
         &mut self,
         mut enough: impl FnMut(&mut Inner) -> bool,
@@ -170,6 +169,8 @@ impl Inner {
                 break;
             }
         }
+        self.update_inactive_split(Pool::Small);
+        self.update_inactive_split(Pool::Large);
         Ok(report)
     }
 

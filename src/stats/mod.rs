@@ -82,7 +82,7 @@ pub const fn all_mask(places: &[u32]) -> u32 {
 
 /// `all` (a mask from [`all_mask`]) with the same arrays' `pool` statistics.
 #[inline]
-pub fn with_pool(all: u32, pool: Pool) -> u32 {
+pub const fn with_pool(all: u32, pool: Pool) -> u32 {
     all | all << pool as u32
 }
 
