@@ -149,7 +149,23 @@ impl Arena {
     /// a second one has, what `f` changes in the shard's goes to the device's peaks as well.
     #[inline]
     pub(super) fn on<R>(&self, i: usize, f: impl FnOnce(&mut Inner) -> R) -> R {
-        let mut g = self.lock_hot(i);
+        self.on_locked(i, self.lock_hot(i), f)
+    }
+
+    /// [`Arena::on`] for a request or a free on `stream`: where it finds the shard locked, that
+    /// is counted towards giving this thread a shard of its own for `stream` (`lock_contended`).
+    #[inline]
+    fn serve<R>(&self, i: usize, stream: StreamId, f: impl FnOnce(&mut Inner) -> R) -> R {
+        self.on_locked(i, self.lock_req(i, stream), f)
+    }
+
+    #[inline]
+    fn on_locked<R>(
+        &self,
+        i: usize,
+        mut g: parking_lot::MutexGuard<'_, Inner>,
+        f: impl FnOnce(&mut Inner) -> R,
+    ) -> R {
         if !self.shared.multi() {
             if i != 0 {
                 return self.first_on(i, g, f);
@@ -199,7 +215,7 @@ impl Arena {
     pub fn alloc(&self, size: u64, stream: StreamId) -> Result<Block> {
         // One shard serving (a stream alone, the usual case): what one lock did, no more.
         if self.shared.alone(stream) {
-            let mut g = self.lock_hot(0);
+            let mut g = self.lock_req(0, stream);
             // A second shard starts serving under shard 0's lock (`first_on`): still one.
             if !self.shared.multi() {
                 return g.malloc(size, stream, None);
@@ -226,7 +242,7 @@ impl Arena {
         let i = self.shared.shard_of(stream);
         // With other shards in use, their cached pages come before this one's go to the driver.
         let release = !self.shared.multi();
-        let first = self.on(i, |g| g.malloc_counted(size, stream, pool, release))?;
+        let first = self.serve(i, stream, |g| g.malloc_counted(size, stream, pool, release))?;
         match first {
             Some(b) => Ok(b),
             None => self.short_of_memory(i, size, stream, pool),
@@ -247,6 +263,13 @@ impl Arena {
     ) -> Result<Block> {
         if !self.shared.multi() {
             return Err(self.on(i, |g| g.out_of_memory(size)));
+        }
+        // A thread with a shard of its own for the stream goes back to the stream's shard: there
+        // the other threads' freed memory, and the idle pages their live blocks pin, are its
+        // too, as when they shared it from the start (`route::go_home`).
+        if crate::route::own_offset(stream) != 0 {
+            crate::route::go_home(stream);
+            return self.alloc_in(size, stream, pool);
         }
         // First what the request could need (`pages_for`), then all: moving every cached page
         // at each shortage made two streams trading memory at the limit move all of it back and
@@ -301,7 +324,7 @@ impl Arena {
     #[inline]
     pub fn free(&self, ptr: DevPtr, size: Option<u64>, stream: StreamId) -> Result<()> {
         if self.shared.alone(stream) {
-            let mut g = self.lock_hot(0);
+            let mut g = self.lock_req(0, stream);
             if !self.shared.multi() {
                 g.poll_pending();
                 let r = g.free(ptr, size);
@@ -318,7 +341,7 @@ impl Arena {
     #[inline(never)]
     fn free_sharded(&self, ptr: DevPtr, size: Option<u64>, stream: StreamId) -> Result<()> {
         let i = self.shared.shard_of(stream);
-        let r = self.on(i, |g| {
+        let r = self.serve(i, stream, |g| {
             g.poll_pending();
             g.free(ptr, size)
         });
@@ -379,6 +402,43 @@ impl Arena {
             return g;
         }
         self.lock_contended(i)
+    }
+
+    /// [`Arena::lock_hot`] for a request or a free on `stream`. A thread that keeps finding its
+    /// shard locked by another thread's requests on the same stream takes a shard of its own for
+    /// that stream (`route::contended`): threads on one stream that allocate at once would
+    /// otherwise run one at a time however many cores they have (the threads issue). Its next
+    /// requests go there; this one is served where it is.
+    #[inline]
+    fn lock_req(&self, i: usize, stream: StreamId) -> parking_lot::MutexGuard<'_, Inner> {
+        if let Some(g) = self.shards[i].inner.try_lock() {
+            return g;
+        }
+        let g = self.lock_contended(i);
+        if crate::route::contended(stream) {
+            self.steered(i, &g);
+        }
+        g
+    }
+
+    /// This thread's requests on a stream go to another shard from now on. If one shard was
+    /// serving alone, that ends here: the device's peaks are kept across shards from this
+    /// request on, starting from shard 0's statistics under its lock (as in `first_on`).
+    #[cold]
+    fn steered(&self, i: usize, g: &Inner) {
+        if i == 0 && !self.shared.multi() {
+            self.shared.go_multi(&g.stats, g.allocs);
+        }
+    }
+
+    /// This thread's requests and frees on `stream` go to a shard of their own from now on, as
+    /// when it keeps finding the stream's shard locked by another thread's requests
+    /// (`lock_req`); for tests, which cannot make threads meet at will.
+    #[doc(hidden)]
+    pub fn take_own_shard(&self, stream: StreamId) {
+        let g = self.lock_hot(0);
+        crate::route::steer(stream);
+        self.steered(0, &g);
     }
 
     #[cold]

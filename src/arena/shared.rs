@@ -22,7 +22,7 @@ use crate::stats::{DeviceStats, STATS};
 
 /// Shards per arena: streams beyond this many share them (stream `i` in order of first use
 /// goes to shard `i % SHARDS`).
-pub(super) const SHARDS: usize = 8;
+pub(super) const SHARDS: usize = crate::route::MIN_PARTS;
 /// Every statistic, as a mask over the order of [`DeviceStats::currents`].
 const ALL: u32 = (1 << STATS) - 1;
 
@@ -111,10 +111,11 @@ impl Shared {
         !self.multi() && self.router.first(stream)
     }
 
-    /// The shard serving `stream`.
+    /// The shard serving this thread's requests on `stream`: the stream's, or this thread's own
+    /// for it once it kept meeting another thread there (`route::contended`).
     #[inline]
     pub(super) fn shard_of(&self, stream: StreamId) -> usize {
-        self.router.number(stream) % SHARDS
+        self.router.part(stream, SHARDS)
     }
 }
 

@@ -82,7 +82,7 @@ type Table = PtrTable<Entry, 8>;
 
 /// Live-table groups per device: stream `i` in order of first use goes to group `i % GROUPS`,
 /// as it goes to the arena's shard `i % 8`.
-pub const GROUPS: usize = 8;
+pub const GROUPS: usize = crate::route::MIN_PARTS;
 /// Live-table shards per group, by pointer: two threads on one stream meet on one lock half
 /// as often.
 const PER_GROUP: usize = 2;
@@ -237,9 +237,11 @@ impl DeviceTrack {
     #[inline]
     fn shard(&self, stream: StreamId, ptr: DevPtr) -> &SpinLock<Table> {
         // The first stream (the usual one) first: one comparison.
+        // A thread with a part of its own for the stream (`route::contended`, found at the
+        // arena's lock) has its own group too.
         let group = match self.router.first(stream) {
-            true => 0,
-            false => self.router.number(stream) % GROUPS,
+            true => crate::route::own_offset(stream),
+            false => self.router.part(stream, GROUPS),
         };
         &self.shards[group * PER_GROUP + Self::within(ptr)].0
     }

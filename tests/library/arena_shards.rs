@@ -236,6 +236,95 @@ fn block_numbers_are_unique_across_streams() {
     assert_eq!(seqs.len(), n, "a block number handed out twice");
 }
 
+/// Two threads on one stream, the second with a shard of its own for it (as when the two keep
+/// meeting at the stream's lock): each thread's blocks come from its shard, either thread frees
+/// the other's, and the device's figures count both.
+#[test]
+fn a_thread_with_a_shard_of_its_own_shares_its_stream_correctly() {
+    let (_dev, arena) = rig(1024);
+    let before = arena.alloc(4 * MIB, 1).unwrap();
+    // Blocks numbered once several shards serve: a shard's are `SHARDS` apart, so two shards'
+    // differ modulo 8 (`Inner::seq_of`).
+    let (theirs, mine) = std::thread::scope(|s| {
+        s.spawn(|| {
+            arena.take_own_shard(1);
+            let mine: Vec<_> = (0..3).map(|_| arena.alloc(4 * MIB, 1).unwrap()).collect();
+            // This thread frees a block the other allocated on the stream's shard.
+            arena.free(before.ptr, None, 1).unwrap();
+            let theirs = arena.alloc(4 * MIB, 1).unwrap();
+            (theirs, mine)
+        })
+        .join()
+        .unwrap()
+    });
+    let home = arena.alloc(4 * MIB, 1).unwrap();
+    let shard = |b: &torch_arena::arena::Block| b.seq % 8;
+    assert!(mine.iter().all(|b| shard(b) == shard(&mine[0])));
+    assert_eq!(shard(&theirs), shard(&mine[0]));
+    assert_ne!(
+        shard(&home),
+        shard(&mine[0]),
+        "this thread still has the stream's shard"
+    );
+    let s = arena.stats();
+    assert_eq!(s.allocation.all().current, 5);
+    assert_eq!(allocated(&s).0, 20 * MIB as i64);
+    arena.check_consistency().unwrap();
+    // This thread frees the other's blocks; nothing is left.
+    for b in mine.iter().chain([&theirs, &home]) {
+        arena.free(b.ptr, None, 1).unwrap();
+    }
+    let s = arena.stats();
+    assert_eq!((s.allocation.all().current, allocated(&s).0), (0, 0));
+    assert_eq!(s.allocation.all().freed, 6);
+    arena.check_consistency().unwrap();
+    arena.empty_cache().unwrap();
+    assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
+
+/// A thread with a shard of its own that runs out of memory goes back to its stream's shard,
+/// where the memory the other thread freed on the stream is: at the limit the two serve as if
+/// they had shared the shard throughout.
+#[test]
+fn a_thread_whose_own_shard_runs_out_goes_back_to_its_streams() {
+    let (_dev, arena) = rig(256);
+    // 240 of 256 MiB; freed blocks between live ones, whose pages stay in handles the live
+    // blocks pin.
+    let blocks: Vec<_> = (0..6).map(|_| arena.alloc(40 * MIB, 1).unwrap()).collect();
+    for b in blocks.iter().step_by(2) {
+        arena.free(b.ptr, None, 1).unwrap();
+    }
+    let theirs = std::thread::scope(|s| {
+        s.spawn(|| {
+            arena.take_own_shard(1);
+            // The first runs out on its own shard; it and the next (which would fit there)
+            // are served on the stream's.
+            let theirs = arena.alloc(40 * MIB, 1).unwrap();
+            let next = arena.alloc(MIB, 1).unwrap();
+            (theirs, next)
+        })
+        .join()
+        .unwrap()
+    });
+    let home = arena.alloc(MIB, 1).unwrap();
+    assert_eq!(
+        theirs.0.seq % 8,
+        home.seq % 8,
+        "served on the stream's shard"
+    );
+    assert_eq!(theirs.1.seq % 8, home.seq % 8, "and stays there");
+    assert_eq!(arena.stats().num_ooms, 0);
+    for b in blocks
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .chain([&theirs.0, &theirs.1, &home])
+    {
+        arena.free(b.ptr, None, 1).unwrap();
+    }
+    arena.check_consistency().unwrap();
+}
+
 /// Eight streams allocate at once on a device they overfill: the bytes all shards hold never
 /// pass the limit (here a memory fraction, which the device would not enforce by itself).
 #[test]

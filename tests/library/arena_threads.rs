@@ -1,7 +1,8 @@
-//! The model's oracle under threads: 8 threads on 8 streams of one host-backed simulated device,
-//! each running its own seeded sequence of allocations, frees, `record_stream`s, GPU work and
-//! completions, and handing some of its blocks to the next thread to free (a free on another
-//! thread and another stream, as autograd frees what the forward pass allocated). The checks are
+//! The model's oracle under threads: 8 threads on 8 streams of one host-backed simulated device
+//! (or two on each of 4 streams, in shards of their own), each running its own seeded sequence
+//! of allocations, frees, `record_stream`s, GPU work and completions, and handing some of its
+//! blocks to the next thread to free (a free on another thread and another stream, as autograd
+//! frees what the forward pass allocated). The checks are
 //! `common/model.rs`'s:
 //! - every allocation still holds the pattern written into it (every page of it) when it is
 //!   freed and at every round's end, so no two live allocations overlapped and nothing was
@@ -46,8 +47,9 @@ fn take_random(rng: &mut Rng, mine: &Mutex<Vec<model::Live>>) -> Option<model::L
     Some(m.swap_remove(i))
 }
 
-fn stream_of(t: usize) -> StreamId {
-    t as StreamId + 1
+/// Thread `t`'s stream when the threads share `streams` streams.
+fn stream_of(t: usize, streams: usize) -> StreamId {
+    (t % streams) as StreamId + 1
 }
 
 /// One thread's ops for a round. `mine` is its live set, `inbox` the blocks other threads handed
@@ -62,8 +64,9 @@ fn round(
     mine: &Mutex<Vec<model::Live>>,
     inboxes: &[Mutex<Vec<model::Live>>],
     pattern: &mut u64,
+    streams: usize,
 ) -> Result<(), String> {
-    let stream = stream_of(t);
+    let stream = stream_of(t, streams);
     for _ in 0..ops {
         match rng.index(20) {
             0..=8 => {
@@ -131,7 +134,7 @@ fn round(
                     continue;
                 }
                 let i = rng.index(m.len());
-                let other = stream_of(rng.index(THREADS));
+                let other = stream_of(rng.index(THREADS), streams);
                 let l = &mut m[i];
                 arena
                     .record_stream(l.ptr + l.size / 2, other)
@@ -147,7 +150,7 @@ fn round(
                     sim.launch(stream, l.ptr, l.size);
                 }
             }
-            _ => sim.complete(stream_of(rng.index(THREADS))),
+            _ => sim.complete(stream_of(rng.index(THREADS), streams)),
         }
     }
     Ok(())
@@ -169,7 +172,15 @@ fn check_figures(
     model::check_arena(arena, live, sim.used_bytes(), sim.violations())
 }
 
-fn run(seed: u64, capacity_mb: u64, rounds: usize, ops: usize) -> Result<(), String> {
+/// `THREADS` threads on `streams` streams; where two share a stream, the second has a shard of
+/// its own for it (as when two threads keep meeting at one stream's lock).
+fn run(
+    seed: u64,
+    capacity_mb: u64,
+    rounds: usize,
+    ops: usize,
+    streams: usize,
+) -> Result<(), String> {
     let sim = Arc::new(SimDevice::new(SimConfig::new(capacity_mb << 20, PAGE, true)).unwrap());
     let arena = Arena::new(sim.clone(), &Config::default()).unwrap();
     let lives: Vec<Mutex<Vec<model::Live>>> = (0..THREADS).map(|_| Mutex::default()).collect();
@@ -186,6 +197,9 @@ fn run(seed: u64, capacity_mb: u64, rounds: usize, ops: usize) -> Result<(), Str
             scope.spawn(move || {
                 let mut rng = Rng(seed ^ (t as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
                 let mut pattern = seed.wrapping_add(t as u64) | 1;
+                if t >= streams {
+                    arena.take_own_shard(stream_of(t, streams));
+                }
                 for _ in 0..rounds {
                     if failure.lock().unwrap().is_none()
                         && let Err(e) = round(
@@ -197,6 +211,7 @@ fn run(seed: u64, capacity_mb: u64, rounds: usize, ops: usize) -> Result<(), Str
                             &lives[t],
                             inboxes,
                             &mut pattern,
+                            streams,
                         )
                     {
                         fail(format!("seed {seed}, thread {t}: {e}"));
@@ -241,7 +256,7 @@ fn run(seed: u64, capacity_mb: u64, rounds: usize, ops: usize) -> Result<(), Str
 #[test]
 fn eight_threads_on_eight_streams_keep_every_invariant() {
     for seed in [1, 2, 3] {
-        run(seed, 512, 12, 150).unwrap();
+        run(seed, 512, 12, 150, THREADS).unwrap();
     }
 }
 
@@ -250,6 +265,19 @@ fn eight_threads_on_eight_streams_keep_every_invariant() {
 #[test]
 fn eight_threads_at_the_limit_keep_every_invariant() {
     for seed in [11, 12, 13] {
-        run(seed, 96, 12, 150).unwrap();
+        run(seed, 96, 12, 150, THREADS).unwrap();
+    }
+}
+
+/// Two threads on each of four streams, each second one with a shard of its own for its stream
+/// (`Arena::take_own_shard`): blocks of one stream in two shards, freed by either thread, handed
+/// to threads of other streams, used on other streams.
+#[test]
+fn threads_sharing_streams_in_shards_of_their_own_keep_every_invariant() {
+    for seed in [21, 22] {
+        run(seed, 512, 12, 150, THREADS / 2).unwrap();
+    }
+    for seed in [31, 32] {
+        run(seed, 96, 12, 150, THREADS / 2).unwrap();
     }
 }
