@@ -313,6 +313,7 @@ impl Inner {
             bad_frees: self.bad_frees,
             pending_frees: self.pending.len() as u64,
             growth: self.growth,
+            own_shards: self.shared.own_shards(),
         }
     }
 }

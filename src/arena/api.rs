@@ -426,6 +426,7 @@ impl Arena {
     /// request on, starting from shard 0's statistics under its lock (as in `first_on`).
     #[cold]
     fn steered(&self, i: usize, g: &Inner) {
+        self.shared.note_own_shard();
         if i == 0 && !self.shared.multi() {
             self.shared.go_multi(&g.stats, g.allocs);
         }

@@ -46,6 +46,8 @@ pub(super) struct Shared {
     /// Blocks shard 0 had numbered when a second shard first served (`Inner::block`).
     seq_base: AtomicU64,
     router: Router,
+    /// Times a thread took a shard of its own for a stream (`Arena::steered`).
+    own_shards: AtomicU64,
 }
 
 impl Shared {
@@ -56,6 +58,7 @@ impl Shared {
             peaks: Peaks::new(),
             seq_base: AtomicU64::new(0),
             router: Router::new(),
+            own_shards: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +112,15 @@ impl Shared {
     #[inline]
     pub(super) fn alone(&self, stream: StreamId) -> bool {
         !self.multi() && self.router.first(stream)
+    }
+
+    /// A thread took a shard of its own for a stream.
+    pub(super) fn note_own_shard(&self) {
+        self.own_shards.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn own_shards(&self) -> u64 {
+        self.own_shards.load(Ordering::Relaxed)
     }
 
     /// The shard serving this thread's requests on `stream`: the stream's, or this thread's own

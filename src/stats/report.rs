@@ -136,6 +136,9 @@ pub struct ArenaExtras {
     pub pending_frees: u64,
     /// Physical memory created, by whether its request took the bytes requested to a new peak.
     pub growth: GrowthCounts,
+    /// Times a thread took a shard of its own for a stream, having kept meeting another thread
+    /// at that stream's shard (the device's count, not a shard's).
+    pub own_shards: u64,
 }
 
 impl ArenaExtras {

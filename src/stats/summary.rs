@@ -405,6 +405,7 @@ fn arena_lines(device: i32, stats: &DeviceStats, extras: &ArenaExtras) -> Vec<St
     lines.push(dash.clone());
     lines.push(kv("Bad frees", &extras.bad_frees.to_string()));
     lines.push(kv("Pending frees", &extras.pending_frees.to_string()));
+    lines.push(kv("Threads in own shards", &extras.own_shards.to_string()));
 
     // Driver calls.
     lines.push(dash);

@@ -258,6 +258,7 @@ fn a_thread_with_a_shard_of_its_own_shares_its_stream_correctly() {
         .unwrap()
     });
     let home = arena.alloc(4 * MIB, 1).unwrap();
+    assert_eq!(arena.extras().own_shards, 1);
     let shard = |b: &torch_arena::arena::Block| b.seq % 8;
     assert!(mine.iter().all(|b| shard(b) == shard(&mine[0])));
     assert_eq!(shard(&theirs), shard(&mine[0]));
@@ -280,6 +281,48 @@ fn a_thread_with_a_shard_of_its_own_shares_its_stream_correctly() {
     arena.check_consistency().unwrap();
     arena.empty_cache().unwrap();
     assert_eq!(arena.stats().reserved_bytes.all().current, 0);
+}
+
+/// Two threads that take turns on one stream, as PyTorch's main thread (forward) and autograd
+/// thread (backward) do, never meet at its shard's lock: they keep sharing it, and each reuses
+/// what the other freed.
+#[test]
+fn threads_that_take_turns_on_a_stream_share_its_shard() {
+    let (dev, arena) = rig(1024);
+    let (turn, done) = (Barrier::new(2), Barrier::new(2));
+    let mut seqs = Vec::new();
+    std::thread::scope(|s| {
+        let (arena, turn, done) = (&arena, &turn, &done);
+        // "Backward": frees what "forward" allocated, allocates its own, frees it.
+        s.spawn(move || {
+            for _ in 0..50 {
+                turn.wait();
+                for _ in 0..100 {
+                    let b = arena.alloc(3 * MIB, 1).unwrap();
+                    arena.free(b.ptr, None, 1).unwrap();
+                }
+                done.wait();
+            }
+        });
+        for _ in 0..50 {
+            let blocks: Vec<_> = (0..20).map(|_| arena.alloc(3 * MIB, 1).unwrap()).collect();
+            seqs.extend(blocks.iter().map(|b| b.seq));
+            for b in blocks {
+                arena.free(b.ptr, None, 1).unwrap();
+            }
+            turn.wait();
+            done.wait();
+        }
+    });
+    assert_eq!(arena.extras().own_shards, 0);
+    // One shard numbered every block: "forward"'s are its first 20 of each 120.
+    let expected: Vec<u64> = (0..50u64)
+        .flat_map(|step| (1..=20).map(move |k| step * 120 + k))
+        .collect();
+    assert_eq!(seqs, expected);
+    // Memory freed by either is reused by both: created once, in the first step.
+    assert!(dev.counters().mem_create <= 10, "{:?}", dev.counters());
+    arena.check_consistency().unwrap();
 }
 
 /// A thread with a shard of its own that runs out of memory goes back to its stream's shard,

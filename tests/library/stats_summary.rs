@@ -446,6 +446,7 @@ fn extras() -> ArenaExtras {
                 bytes: 3 << 30,
             },
         },
+        own_shards: 1,
     }
 }
 
@@ -538,6 +539,7 @@ fn arena_section_contents() {
     );
     assert!(section.contains("| Bad frees             | 2 "));
     assert!(section.contains("| Pending frees         | 5 "));
+    assert!(section.contains("| Threads in own shards | 1 "));
     // Driver calls: non-zero ones and the total.
     assert!(section.contains("|   cuMemCreate         | 16 "));
     assert!(section.contains("|   cuMemMap            | 20 "));
