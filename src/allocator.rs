@@ -123,6 +123,10 @@ impl TorchArena {
         slot.get_or_try_init(|| {
             let dev = self.open_device(device)?;
             let arena = Arena::new(dev, &self.conf)?;
+            if let Some(r) = &self.recorder {
+                // Lines are written in the order the arena did the operations.
+                arena.number_operations(r.numbers());
+            }
             self.track.open_device(device);
             Ok(arena)
         })

@@ -4,10 +4,10 @@
 //! [`Tracked`] (the live table, allocation sites, history) and [`Recorded`] (the `trace:PATH`
 //! file) wrap any resource the way RMM's adaptors wrap a memory resource, and know nothing of
 //! what they wrap but this interface. [`crate::TorchArena`] composes them in one place
-//! (`TorchArena::stack`), outermost first in the documented lock order: the recorder's lock
-//! (so the file lists operations in the order the arena performed them), then the arena's,
-//! then the tracker's shard lock (a leaf). A site is captured before any of them: it may take
-//! the GIL, and no lock of ours may be held then.
+//! (`TorchArena::stack`), outermost first: the recorder (which holds no lock across the call:
+//! the arena numbers each operation under its shard's lock, and the recorder writes the lines
+//! in that order), the arena's lock, then the tracker's shard lock (a leaf). A site is captured
+//! before any of them: it may take the GIL, and no lock of ours may be held then.
 
 use crate::arena::Arena;
 pub use crate::block::Request;
@@ -175,7 +175,9 @@ impl<R: Resource> Resource for Tracked<'_, R> {
 }
 
 /// `inner`, with every successful alloc and free of `device` written to `recorder` (when there
-/// is one) in the order `inner` performed them: the recorder's lock is held across each call.
+/// is one) in the order the arena performed them: each with the number the arena gave it under
+/// its shard's lock (`Arena::number_operations`, `arena::last_number`), with no lock of the
+/// recorder's held across the call.
 pub struct Recorded<'a, R> {
     pub inner: R,
     pub recorder: Option<&'a Recorder>,
@@ -188,12 +190,19 @@ impl<R: Resource> Resource for Recorded<'_, R> {
         let Some(recorder) = self.recorder else {
             return self.inner.alloc(req);
         };
-        let mut rec = recorder.lock();
         let block = self.inner.alloc(req)?;
+        let number = crate::arena::last_number();
         if let Some(text) = &req.site_label {
-            rec.define_site(req.site, text);
+            recorder.define_site(req.site, text);
         }
-        rec.alloc_at(block.ptr, req.size, req.stream, self.device, req.site);
+        recorder.alloc_numbered(
+            number,
+            block.ptr,
+            req.size,
+            req.stream,
+            self.device,
+            req.site,
+        );
         Ok(block)
     }
 
@@ -202,10 +211,10 @@ impl<R: Resource> Resource for Recorded<'_, R> {
         let Some(recorder) = self.recorder else {
             return self.inner.free(ptr, size, stream);
         };
-        let mut rec = recorder.lock();
         let r = self.inner.free(ptr, size, stream);
         if freed(&r) {
-            rec.free(ptr, size, stream, self.device);
+            let number = crate::arena::last_number();
+            recorder.free_numbered(number, ptr, size, stream, self.device);
         }
         r
     }

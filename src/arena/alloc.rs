@@ -119,6 +119,7 @@ impl Inner {
     #[inline]
     pub(super) fn block(&mut self, (ptr, size): (DevPtr, u64)) -> Block {
         self.allocs += 1;
+        self.shared.number_this();
         Block {
             ptr,
             size,

@@ -432,6 +432,16 @@ impl Arena {
         }
     }
 
+    /// From now on every allocation and free takes the next number of `numbers` while it holds
+    /// its shard's lock, and [`super::last_number`] tells the thread that made it which: the
+    /// order the arena did them in, for a trace recorder that writes no line under a lock of its
+    /// own (`crate::record`). A free of an address and the allocation that reuses it are done
+    /// under one shard's lock, so they are numbered in that order. Says false, and changes
+    /// nothing, if the arena already numbers them from another count.
+    pub fn number_operations(&self, numbers: Arc<AtomicU64>) -> bool {
+        self.shared.number_operations(numbers)
+    }
+
     /// This thread's requests and frees on `stream` go to a shard of their own from now on, as
     /// when it keeps finding the stream's shard locked by another thread's requests
     /// (`lock_req`); for tests, which cannot make threads meet at will.

@@ -35,6 +35,7 @@ impl Inner {
             }
         };
         self.count_free(requested, block);
+        self.shared.number_this();
         let extra = if self.recorded.is_empty() {
             None
         } else {

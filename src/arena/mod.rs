@@ -89,8 +89,10 @@ pub use crate::stats::summary::format_size;
 pub use pool::PoolInfo;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -107,6 +109,18 @@ use int_map::IntMap;
 use page_table::{Lend, PageRef, PageSlot, Region, Run, Split};
 use shared::{SHARDS, Shared};
 use slab::Slab;
+
+thread_local! {
+    /// The number this thread's last allocation or free took ([`Arena::number_operations`]).
+    static LAST_NUMBER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The number this thread's last allocation or free took, while operations are numbered
+/// ([`Arena::number_operations`]): the order in which the arena did them, across threads and
+/// shards.
+pub fn last_number() -> u64 {
+    LAST_NUMBER.with(Cell::get)
+}
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
 const BUCKETS: usize = 8;

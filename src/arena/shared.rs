@@ -12,7 +12,10 @@
 //!   [`Peaks`]': the highest sum of the shards' values at the ends of their requests, kept with
 //!   no lock in the common case (see there).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
+
+use once_cell::sync::OnceCell;
 
 use parking_lot::Mutex;
 
@@ -48,6 +51,9 @@ pub(super) struct Shared {
     router: Router,
     /// Times a thread took a shard of its own for a stream (`Arena::steered`).
     own_shards: AtomicU64,
+    /// While a trace is recorded: the count each allocation and free takes its number from,
+    /// under its shard's lock (`Arena::number_operations`).
+    numbers: OnceCell<Arc<AtomicU64>>,
 }
 
 impl Shared {
@@ -59,6 +65,7 @@ impl Shared {
             seq_base: AtomicU64::new(0),
             router: Router::new(),
             own_shards: AtomicU64::new(0),
+            numbers: OnceCell::new(),
         }
     }
 
@@ -112,6 +119,23 @@ impl Shared {
     #[inline]
     pub(super) fn alone(&self, stream: StreamId) -> bool {
         !self.multi() && self.router.first(stream)
+    }
+
+    /// From now on each allocation and free takes the next number of `numbers`; false if they
+    /// already take them from another count.
+    pub(super) fn number_operations(&self, numbers: Arc<AtomicU64>) -> bool {
+        let set = self.numbers.get_or_init(|| numbers.clone());
+        Arc::ptr_eq(set, &numbers)
+    }
+
+    /// An allocation or free is done (under its shard's lock): while operations are numbered,
+    /// it takes the next number, for this thread's [`super::last_number`].
+    #[inline]
+    pub(super) fn number_this(&self) {
+        if let Some(n) = self.numbers.get() {
+            let n = n.fetch_add(1, Ordering::Relaxed);
+            super::LAST_NUMBER.with(|c| c.set(n));
+        }
     }
 
     /// A thread took a shard of its own for a stream.

@@ -333,6 +333,106 @@ fn recorder_through_torch_arena_reads_back_exactly() {
     assert!(ids.is_empty());
 }
 
+/// Threads on their own streams (two of them sharing one) record at once, freeing blocks other
+/// threads allocated: the file holds every operation, each free after its allocation and before
+/// the next allocation of its address, whatever thread made them; times never go backwards.
+#[test]
+fn threads_record_at_once_in_the_arenas_order() {
+    const THREADS: usize = 4;
+    let p = tmp("threads-{pid}.trace");
+    let conf = Config::parse(&format!(
+        "device:sim,sim_capacity_mb:4096,trace:{}",
+        p.display()
+    ))
+    .unwrap();
+    let arena = TorchArena::try_new(conf).unwrap();
+    let path = arena.recorder().unwrap().path();
+    // Blocks handed from each thread to the next, which frees them.
+    let inboxes: Vec<std::sync::Mutex<Vec<(u64, usize, u64)>>> =
+        (0..THREADS).map(|_| Default::default()).collect();
+    let counts: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (arena, inboxes) = (&arena, &inboxes);
+                s.spawn(move || {
+                    let stream = (t % 3) as u64 + 1;
+                    let (mut allocs, mut frees) = (0, 0);
+                    let mut mine = Vec::new();
+                    for i in 0..3000usize {
+                        let size = (i * 7919 + t * 104_729) % (3 << 20) + 1;
+                        let ptr = arena.malloc(size, 0, stream).unwrap();
+                        allocs += 1;
+                        mine.push((ptr, size, stream));
+                        if i % 4 == 3 {
+                            inboxes[(t + 1) % THREADS]
+                                .lock()
+                                .unwrap()
+                                .push(mine.swap_remove(i % mine.len()));
+                        }
+                        if mine.len() > 8 {
+                            let (ptr, size, stream) = mine.remove(0);
+                            arena.free(ptr, size, 0, stream).unwrap();
+                            frees += 1;
+                        }
+                        let handed = std::mem::take(&mut *inboxes[t].lock().unwrap());
+                        for (ptr, size, stream) in handed {
+                            arena.free(ptr, size, 0, stream).unwrap();
+                            frees += 1;
+                        }
+                    }
+                    for (ptr, size, stream) in mine {
+                        arena.free(ptr, size, 0, stream).unwrap();
+                        frees += 1;
+                    }
+                    (allocs, frees)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut frees: usize = counts.iter().map(|c| c.1).sum();
+    for inbox in &inboxes {
+        for (ptr, size, stream) in std::mem::take(&mut *inbox.lock().unwrap()) {
+            arena.free(ptr, size, 0, stream).unwrap();
+            frees += 1;
+        }
+    }
+    arena.recorder().unwrap().flush();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let t = format::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let allocs: usize = counts.iter().map(|c| c.0).sum();
+    assert_eq!(allocs, frees);
+    // In file order, by address: no address allocated while live, none freed while not.
+    let mut live = std::collections::HashSet::new();
+    let (mut a, mut f, mut last_t) = (0, 0, 0u64);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("a ") || l.starts_with("f "))
+    {
+        let w: Vec<&str> = line.split(' ').collect();
+        let t: u64 = w[5].parse().unwrap();
+        assert!(t >= last_t, "time goes back at {line:?}");
+        last_t = t;
+        match w[0] {
+            "a" => {
+                assert!(
+                    live.insert(w[1].to_string()),
+                    "{line:?}: allocated while live"
+                );
+                a += 1;
+            }
+            _ => {
+                assert!(live.remove(w[1]), "{line:?}: freed while not live");
+                f += 1;
+            }
+        }
+    }
+    assert_eq!((a, f), (allocs, frees));
+    assert!(live.is_empty());
+    assert_eq!(t.events.len(), allocs + frees);
+}
+
 #[test]
 fn recorder_that_cannot_be_created_is_a_configuration_error() {
     let conf = Config::parse("device:sim,trace:/nonexistent-dir/x.trace").unwrap();
@@ -382,14 +482,13 @@ fn recorder_writes_each_site_once_and_unknown_sites_read_back_as_unknown() {
     let p = tmp("sites.trace");
     {
         let r = Recorder::create(&p).unwrap();
-        let mut g = r.lock();
-        g.define_site(7, "train.py:40 in step");
-        g.alloc_at(0x1000, 512, 0, 0, 7);
-        g.define_site(7, "ignored: already defined");
-        g.alloc_at(0x2000, 1024, 0, 0, 7);
+        r.define_site(7, "train.py:40 in step");
+        r.alloc_at(0x1000, 512, 0, 0, 7);
+        r.define_site(7, "ignored: already defined");
+        r.alloc_at(0x2000, 1024, 0, 0, 7);
         // Never defined: recorded as unknown rather than as a dangling id.
-        g.alloc_at(0x3000, 2048, 0, 0, 9);
-        g.free(0x1000, 512, 0, 0);
+        r.alloc_at(0x3000, 2048, 0, 0, 9);
+        r.free(0x1000, 512, 0, 0);
     }
     let text = std::fs::read_to_string(&p).unwrap();
     assert_eq!(text.matches("site 7 ").count(), 1, "{text}");
