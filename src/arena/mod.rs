@@ -89,7 +89,6 @@ pub use crate::stats::summary::format_size;
 pub use pool::PoolInfo;
 pub use size_class::{CHUNK, MAX_SMALL, MIN_BLOCK, SizeClass, SizeClasses};
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -107,20 +106,9 @@ use crate::stats::{DeviceStats, Pool};
 use heap::{Fit, Heap};
 use int_map::IntMap;
 use page_table::{Lend, PageRef, PageSlot, Region, Run, Split};
+pub use shared::last_number;
 use shared::{SHARDS, Shared};
 use slab::Slab;
-
-thread_local! {
-    /// The number this thread's last allocation or free took ([`Arena::number_operations`]).
-    static LAST_NUMBER: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The number this thread's last allocation or free took, while operations are numbered
-/// ([`Arena::number_operations`]): the order in which the arena did them, across threads and
-/// shards.
-pub fn last_number() -> u64 {
-    LAST_NUMBER.with(Cell::get)
-}
 
 /// Fill-order buckets per class: a slab with `used` of `slots` sits in bucket `used * 8 / slots`.
 const BUCKETS: usize = 8;

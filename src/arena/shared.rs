@@ -12,6 +12,7 @@
 //!   [`Peaks`]': the highest sum of the shards' values at the ends of their requests, kept with
 //!   no lock in the common case (see there).
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering, fence};
 
@@ -22,6 +23,18 @@ use parking_lot::Mutex;
 use crate::device::StreamId;
 use crate::route::Router;
 use crate::stats::{DeviceStats, STATS};
+
+thread_local! {
+    /// The number this thread's last allocation or free took (`Arena::number_operations`).
+    static LAST_NUMBER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The number this thread's last allocation or free took, while operations are numbered
+/// (`Arena::number_operations`): the order in which the arena did them, across threads and
+/// shards.
+pub fn last_number() -> u64 {
+    LAST_NUMBER.with(Cell::get)
+}
 
 /// Shards per arena: streams beyond this many share them (stream `i` in order of first use
 /// goes to shard `i % SHARDS`).
@@ -129,12 +142,12 @@ impl Shared {
     }
 
     /// An allocation or free is done (under its shard's lock): while operations are numbered,
-    /// it takes the next number, for this thread's [`super::last_number`].
+    /// it takes the next number, for this thread's [`last_number`].
     #[inline]
     pub(super) fn number_this(&self) {
         if let Some(n) = self.numbers.get() {
             let n = n.fetch_add(1, Ordering::Relaxed);
-            super::LAST_NUMBER.with(|c| c.set(n));
+            LAST_NUMBER.with(|c| c.set(n));
         }
     }
 
