@@ -106,7 +106,8 @@ impl RecState {
         }
     }
 
-    /// Writes `l` (its site's text first where the file has not had it).
+    /// Writes `l` (its site's text first where the file has not had it; a site with no text, never
+    /// defined, as unknown, so the file always reads back).
     fn write(&mut self, l: &Line, sites: &Mutex<std::collections::HashMap<u32, String>>) {
         let t = l.time_us.max(self.last_us);
         self.last_us = t;
@@ -124,8 +125,11 @@ impl RecState {
                 self.record(format_args!("a {ptr:#x} {size} {stream} {device} {t}\n"))
             }
             Op::Alloc => {
-                if self.written.insert(site) {
-                    let text = sites.lock().get(&site).cloned().unwrap_or_default();
+                if !self.written.contains(&site) {
+                    let Some(text) = sites.lock().get(&site).cloned() else {
+                        return self.write(&Line { site: 0, ..*l }, sites);
+                    };
+                    self.written.insert(site);
                     self.record(format_args!("site {site} {text}\n"));
                 }
                 self.record(format_args!(
@@ -365,7 +369,7 @@ impl Recorder {
     }
 
     /// Records an allocation made at site `site` (0 = unknown), numbered now. A site never
-    /// defined by [`Recorder::define_site`] is recorded as unknown, so the file always reads
+    /// defined by [`Recorder::define_site`] is written as unknown, so the file always reads
     /// back.
     pub fn alloc_at(&self, ptr: DevPtr, size: u64, stream: StreamId, device: i32, site: u32) {
         let number = self.shared.numbers.fetch_add(1, Ordering::Relaxed);
@@ -382,10 +386,6 @@ impl Recorder {
         device: i32,
         site: u32,
     ) {
-        let site = match site != 0 && self.knows_site(site) {
-            true => site,
-            false => 0,
-        };
         self.push(number, Op::Alloc, ptr, size, stream, device, site);
     }
 

@@ -185,12 +185,7 @@ impl Arena {
         f: impl FnOnce(&mut Inner) -> R,
     ) -> R {
         drop(g);
-        {
-            let first = self.shards[0].inner.lock();
-            if !self.shared.multi() {
-                self.shared.go_multi(&first.stats, first.allocs);
-            }
-        }
+        self.go_multi(&self.shards[0].inner.lock());
         let mut g = self.lock_hot(i);
         counted(&self.shared, i, &mut g, f)
     }
@@ -414,6 +409,12 @@ impl Arena {
         if let Some(g) = self.shards[i].inner.try_lock() {
             return g;
         }
+        self.lock_contended_req(i, stream)
+    }
+
+    /// [`Arena::lock_req`] once the shard was found locked: the meeting counted, out of line.
+    #[cold]
+    fn lock_contended_req(&self, i: usize, stream: StreamId) -> parking_lot::MutexGuard<'_, Inner> {
         let g = self.lock_contended(i);
         if crate::route::contended(stream) {
             self.steered(i, &g);
@@ -422,13 +423,20 @@ impl Arena {
     }
 
     /// This thread's requests on a stream go to another shard from now on. If one shard was
-    /// serving alone, that ends here: the device's peaks are kept across shards from this
-    /// request on, starting from shard 0's statistics under its lock (as in `first_on`).
+    /// serving alone (`g` is then shard 0's), that ends here, as in `first_on`.
     #[cold]
     fn steered(&self, i: usize, g: &Inner) {
         self.shared.note_own_shard();
-        if i == 0 && !self.shared.multi() {
-            self.shared.go_multi(&g.stats, g.allocs);
+        if i == 0 {
+            self.go_multi(g);
+        }
+    }
+
+    /// If one shard was serving alone, from this request on the device's peaks are kept across
+    /// shards, starting from shard 0's statistics (`first`, under its lock).
+    fn go_multi(&self, first: &Inner) {
+        if !self.shared.multi() {
+            self.shared.go_multi(&first.stats, first.allocs);
         }
     }
 
@@ -436,10 +444,10 @@ impl Arena {
     /// its shard's lock, and [`super::last_number`] tells the thread that made it which: the
     /// order the arena did them in, for a trace recorder that writes no line under a lock of its
     /// own (`crate::record`). A free of an address and the allocation that reuses it are done
-    /// under one shard's lock, so they are numbered in that order. Says false, and changes
-    /// nothing, if the arena already numbers them from another count.
-    pub fn number_operations(&self, numbers: Arc<AtomicU64>) -> bool {
-        self.shared.number_operations(numbers)
+    /// under one shard's lock, so they are numbered in that order. An arena already numbering
+    /// them keeps its first count.
+    pub fn number_operations(&self, numbers: Arc<AtomicU64>) {
+        self.shared.number_operations(numbers);
     }
 
     /// This thread's requests and frees on `stream` go to a shard of their own from now on, as

@@ -134,11 +134,10 @@ impl Shared {
         !self.multi() && self.router.first(stream)
     }
 
-    /// From now on each allocation and free takes the next number of `numbers`; false if they
-    /// already take them from another count.
-    pub(super) fn number_operations(&self, numbers: Arc<AtomicU64>) -> bool {
-        let set = self.numbers.get_or_init(|| numbers.clone());
-        Arc::ptr_eq(set, &numbers)
+    /// From now on each allocation and free takes the next number of `numbers` (unless they
+    /// already take them from a count: that one stays).
+    pub(super) fn number_operations(&self, numbers: Arc<AtomicU64>) {
+        let _ = self.numbers.set(numbers);
     }
 
     /// An allocation or free is done (under its shard's lock): while operations are numbered,
