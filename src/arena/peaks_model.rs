@@ -17,7 +17,8 @@
 //! request (the shard's unlock). Weaker machines (Arm) are not modelled.
 //!
 //! One statistic, and its values compared: the code reads each shard's 29 values whole (a
-//! sequence lock), calls a reading settled only when no shard's publication count moved, and
+//! sequence lock over two buffers), calls a reading settled only when no shard finished a
+//! publication since the last (one under way leaves the last one's values whole), and
 //! raises every statistic's peak at that one instant, so that the bounds between statistics hold
 //! (`shared::tests::peaks_keep_the_bounds_between_statistics` checks that with threads). For
 //! one statistic that only narrows what counts as settled: a reading the code accepts, the

@@ -170,7 +170,7 @@ impl Shared {
 /// The device's peaks while several shards serve, with no lock in the common case.
 ///
 /// Each shard publishes the current value of every statistic at the end of each request
-/// (`published`), and may raise a value up to its *allowance* (`allow`) without asking anyone.
+/// (`published`, two buffers in turn: [`Slot::read`]), and may raise a value up to its *allowance* (`allow`) without asking anyone.
 /// The allowances of all shards add up to at most the device's peak (`board`), so while every
 /// shard is within its own, the device's total is within its peak and no new peak can go
 /// unnoticed. A request that ends above its shard's allowance takes the board's lock, adds the
@@ -200,10 +200,12 @@ pub(super) struct Peaks {
 #[repr(align(128))]
 struct Slot {
     /// Twice the publications this shard has finished, plus one while it publishes (a sequence
-    /// lock: a reader whose values lie between two equal, even readings of it read one
-    /// publication's values whole).
+    /// lock over two buffers: see [`Slot::read`]).
     publications: AtomicU64,
-    published: [AtomicI64; STATS],
+    /// Publication `m`'s values are in buffer `m % 2`: while the shard writes the next one, the
+    /// last one finished stays whole in the other, so that a reader need not wait for a
+    /// publication to end (its shard's thread may be descheduled in the middle of one).
+    published: [[AtomicI64; STATS]; 2],
     allow: [AtomicI64; STATS],
 }
 
@@ -213,7 +215,7 @@ impl Peaks {
             slots: (0..SHARDS)
                 .map(|_| Slot {
                     publications: AtomicU64::new(0),
-                    published: std::array::from_fn(|_| AtomicI64::new(0)),
+                    published: std::array::from_fn(|_| std::array::from_fn(|_| AtomicI64::new(0))),
                     allow: std::array::from_fn(|_| AtomicI64::new(0)),
                 })
                 .collect(),
@@ -227,7 +229,7 @@ impl Peaks {
         let (currents, peaks) = (first.currents(), first.peaks());
         *board = peaks;
         for k in 0..STATS {
-            self.slots[0].published[k].store(currents[k], Ordering::Relaxed);
+            self.slots[0].latest()[k].store(currents[k], Ordering::Relaxed);
             self.slots[0].allow[k].store(peaks[k], Ordering::Relaxed);
         }
         fence(Ordering::SeqCst);
@@ -256,16 +258,17 @@ impl Peaks {
     pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, rising: u32) {
         let slot = &self.slots[i];
         let n = slot.publications.load(Ordering::Relaxed);
+        let (was, next) = (slot.latest(), &slot.published[(n / 2 + 1) as usize % 2]);
         slot.publications
             .store(n.wrapping_add(1), Ordering::Relaxed);
         // Release stores: each stays after the ones before it, the count's too (on x86 a plain
         // store).
         stats.each_current(|k, now| {
             debug_assert!(
-                rising >> k & 1 == 1 || now <= slot.published[k].load(Ordering::Relaxed),
+                rising >> k & 1 == 1 || now <= was[k].load(Ordering::Relaxed),
                 "statistic {k} rose to {now} and was not named as raised ({rising:#x})"
             );
-            slot.published[k].store(now, Ordering::Release);
+            next[k].store(now, Ordering::Release);
         });
         slot.publications
             .store(n.wrapping_add(2), Ordering::Release);
@@ -274,7 +277,7 @@ impl Peaks {
         }
         fence(Ordering::SeqCst);
         // This shard's own values, as just published (only it writes them).
-        let end = |k: usize| slot.published[k].load(Ordering::Relaxed);
+        let end = |k: usize| next[k].load(Ordering::Relaxed);
         // Any over at all first, with a branch per statistic: a request is almost never over
         // (2,841 of 1.36 million requests of the pairs benchmark's two threads), so the branch
         // is predicted, and the loop is shorter than one that builds the mask (10
@@ -295,7 +298,8 @@ impl Peaks {
     #[inline(never)]
     fn over_some(&self, i: usize, rising: u32) {
         let slot = &self.slots[i];
-        let end = |k: usize| slot.published[k].load(Ordering::Relaxed);
+        let latest = slot.latest();
+        let end = |k: usize| latest[k].load(Ordering::Relaxed);
         let mut over = 0u32;
         for k in bits(rising & ALL) {
             over |= u32::from(end(k) > slot.allow[k].load(Ordering::Relaxed)) << k;
@@ -316,11 +320,12 @@ impl Peaks {
     /// one and waits for this lock): after the allowances are lowered, a fence and a reading
     /// again, until none changed, each changed one keeping what it holds now. Past
     /// [`SETTLE_ROUNDS`] readings each other shard gets the highest allowance it has had since
-    /// (what it may have checked) and the peak takes them all: a bound, never short. What the
-    /// peak then leaves free is shared among all the shards, so that they do not come back here
-    /// in turn with each rise (with 4 threads, 24,492 times where it was 71,160 in one run of the
-    /// pairs benchmark). `peaks_model.rs` checks this protocol, one statistic at a time, over
-    /// every interleaving.
+    /// (what it may have checked) and the peak takes them all: a bound, never short (with one
+    /// buffer per slot, a thread descheduled mid-publication made this happen 12 to 20 times in
+    /// 2 s of the C ABI's 4 threads; with two, none). What the peak then leaves free is shared
+    /// among the shards that serve, so that they do not come back here in turn with each rise
+    /// (with 4 threads, 24,492 times where it was 71,160 in one run of the pairs benchmark).
+    /// `peaks_model.rs` checks this protocol, one statistic at a time, over every interleaving.
     #[cold]
     fn over(&self, i: usize, over: u32, end: &[i64; STATS]) {
         let mut board = self.board.lock();
@@ -371,15 +376,22 @@ impl Peaks {
                 fence(Ordering::SeqCst);
                 seen.values = high;
             }
+            // The shards that serve: shard 0 (the first) and those that have published. One
+            // that never served needs no room to rise, and sharing with all 8 left the 2 that
+            // served with a quarter of the room each, and 8 times the trips here (105,270
+            // against 13,187 in 2 s of the C ABI's 2 threads).
+            let serving =
+                |j: usize| j == 0 || self.slots[j].publications.load(Ordering::Relaxed) != 0;
+            let sharers = 1 + others().filter(|&j| serving(j)).count() as i64;
             for k in bits(slack) {
                 let mut allowed: i64 = others().map(|j| seen.values[j][k]).sum();
                 board[k] = board[k].max(end[k] + allowed);
-                // What the peak leaves free is shared among all the shards (a raise, safe
-                // whether or not the other sees it), so that one just held to its value does not
-                // come straight back here with its next rise.
-                let share = (board[k] - end[k] - allowed) / self.slots.len() as i64;
+                // What the peak leaves free is shared among the shards that serve (a raise,
+                // safe whether or not the other sees it), so that one just held to its value
+                // does not come straight back here with its next rise.
+                let share = (board[k] - end[k] - allowed) / sharers;
                 if share > 0 {
-                    for j in others() {
+                    for j in others().filter(|&j| serving(j)) {
                         allow(j, k).store(seen.values[j][k] + share, Ordering::Relaxed);
                         allowed += share;
                     }
@@ -411,7 +423,9 @@ impl Peaks {
             fence(Ordering::SeqCst);
             let mut any = false;
             for (j, slot) in self.slots.iter().enumerate().filter(|&(j, _)| j != i) {
-                if slot.publications.load(Ordering::Acquire) == seen.counts[j] {
+                // A publication under way is not a change: until it ends, its shard's request
+                // has not, and the values before it are the ones it holds.
+                if slot.publications.load(Ordering::Acquire) & !1 == seen.counts[j] {
                     continue;
                 }
                 any = true;
@@ -440,7 +454,7 @@ impl Peaks {
         *board = [0; STATS];
         for (slot, c) in self.slots.iter().zip(currents) {
             for k in 0..STATS {
-                slot.published[k].store(c[k], Ordering::Relaxed);
+                slot.latest()[k].store(c[k], Ordering::Relaxed);
                 slot.allow[k].store(c[k], Ordering::Relaxed);
                 board[k] += c[k];
             }
@@ -450,15 +464,25 @@ impl Peaks {
 }
 
 impl Slot {
-    /// The published values into `values`, and the publication count they are whole at; `None`
-    /// where a publication was under way (the reading may mix two).
+    /// The values of the last publication finished, into `values`, and its count (twice its
+    /// number); `None` where the shard began the publication after it meanwhile, which writes
+    /// the buffer read (the reading may mix two). One under way does not disturb the reading:
+    /// it writes the other buffer.
     fn read(&self, values: &mut [i64; STATS]) -> Option<u64> {
         let before = self.publications.load(Ordering::Acquire);
-        for (v, p) in values.iter_mut().zip(&self.published) {
+        let done = before / 2;
+        for (v, p) in values.iter_mut().zip(&self.published[done as usize % 2]) {
             *v = p.load(Ordering::Acquire);
         }
         let after = self.publications.load(Ordering::Acquire);
-        (before == after && before.is_multiple_of(2)).then_some(before)
+        (after <= 2 * done + 2).then_some(2 * done)
+    }
+
+    /// The buffer of the last publication finished. Only for the slot's own shard, under its
+    /// lock, or with every shard locked: no publication is under way then.
+    fn latest(&self) -> &[AtomicI64; STATS] {
+        let n = self.publications.load(Ordering::Relaxed);
+        &self.published[(n / 2) as usize % 2]
     }
 }
 
@@ -560,6 +584,60 @@ mod tests {
                 );
             }
             assert!(p[12] <= p[18], "allocated {} over active {}", p[12], p[18]);
+        }
+    }
+
+    /// A reading while a shard publishes finds its last publication finished, whole: the one
+    /// under way writes the other buffer (a thread descheduled in the middle of a publication
+    /// held every other shard's slow path until it ran again, which then settled for a bound).
+    #[test]
+    fn a_reading_during_a_publication_finds_the_last_one_whole() {
+        use crate::stats::Pool;
+        let peaks = Peaks::new();
+        let mut st = DeviceStats::new();
+        st.allocated_bytes.increase(Pool::Large, 5);
+        peaks.request_ended(1, &st, ALL);
+        let slot = &peaks.slots[1];
+        assert_eq!(slot.publications.load(Ordering::Relaxed), 2);
+        // The next publication half written: its count odd, some of its values stored.
+        slot.publications.store(3, Ordering::Relaxed);
+        let next = &slot.published[0];
+        next[12].store(99, Ordering::Relaxed);
+        let mut values = [0; STATS];
+        assert_eq!(
+            slot.read(&mut values),
+            Some(2),
+            "the last one finished: the first"
+        );
+        // Array 4 (allocated bytes): all, small, large.
+        assert_eq!(&values[12..15], &[5, 0, 5]);
+    }
+
+    /// The room a peak leaves goes to the shards that serve, none to those that never did.
+    #[test]
+    fn the_room_under_the_peak_goes_to_the_shards_that_serve() {
+        use crate::stats::Pool;
+        let peaks = Peaks::new();
+        let first = DeviceStats::new();
+        peaks.start(&first);
+        let bytes = |n| {
+            let mut st = DeviceStats::new();
+            st.allocated_bytes.increase(Pool::Large, n);
+            st
+        };
+        // Shard 0 rises to 100 and falls to 20; shard 1 then rises to 90 (over its allowance
+        // of 0): the peak, 110, leaves 0 free; then shard 0 falls to 0 and shard 1 rises to 95.
+        peaks.request_ended(0, &bytes(100), ALL);
+        peaks.request_ended(0, &bytes(20), 0);
+        peaks.request_ended(1, &bytes(90), ALL);
+        peaks.request_ended(0, &bytes(0), 0);
+        peaks.request_ended(1, &bytes(95), ALL);
+        assert_eq!(peaks.board.lock()[12], 110);
+        // 15 free: 7 each to shards 0 and 1 (the rounding left unassigned goes to shard 1).
+        let allow = |j: usize| peaks.slots[j].allow[12].load(Ordering::Relaxed);
+        assert_eq!((allow(0), allow(1)), (7, 103));
+        for j in 2..SHARDS {
+            assert_eq!(allow(j), 0, "shard {j} never served");
         }
     }
 
