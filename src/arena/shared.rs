@@ -258,7 +258,11 @@ impl Peaks {
     pub(super) fn request_ended(&self, i: usize, stats: &DeviceStats, rising: u32) {
         let slot = &self.slots[i];
         let n = slot.publications.load(Ordering::Relaxed);
-        let (was, next) = (slot.latest(), &slot.published[(n / 2 + 1) as usize % 2]);
+        // The last one finished, and the buffer of this one.
+        let (was, next) = (
+            &slot.published[(n / 2) as usize % 2],
+            &slot.published[(n / 2 + 1) as usize % 2],
+        );
         slot.publications
             .store(n.wrapping_add(1), Ordering::Relaxed);
         // Release stores: each stays after the ones before it, the count's too (on x86 a plain
