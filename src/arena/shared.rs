@@ -170,15 +170,15 @@ impl Shared {
 /// The device's peaks while several shards serve, with no lock in the common case.
 ///
 /// Each shard publishes the current value of every statistic at the end of each request
-/// (`published`, two buffers in turn: [`Slot::read`]), and may raise a value up to its *allowance* (`allow`) without asking anyone.
-/// The allowances of all shards add up to at most the device's peak (`board`), so while every
-/// shard is within its own, the device's total is within its peak and no new peak can go
-/// unnoticed. A request that ends above its shard's allowance takes the board's lock, adds the
-/// other shards' published values (read until they hold still: `over`) to its own to find the
-/// device's total, raises the peak to it if higher, and takes a new allowance: the peak less the
-/// others' allowances, or, where that is not enough, the others' slack too (each keeps what it
-/// holds; one that had grown meanwhile either finds itself over its allowance at its own
-/// request's end and does the same, or is seen grown when its value is read again).
+/// (`published`, two buffers in turn: [`Slot::read`]), and may raise a value up to its *allowance*
+/// (`allow`) without asking anyone. The allowances of all shards add up to at most the device's
+/// peak (`board`), so while every shard is within its own, the device's total is within its peak
+/// and no new peak can go unnoticed. A request that ends above its shard's allowance takes the
+/// board's lock, adds the other shards' published values (read until they hold still: `over`) to
+/// its own to find the device's total, raises the peak to it if higher, and takes a new allowance:
+/// the peak less the others' allowances, or, where that is not enough, the others' slack too (each
+/// keeps what it holds; one that had grown meanwhile either finds itself over its allowance at its
+/// own request's end and does the same, or is seen grown when its value is read again).
 ///
 /// Why this is exact: a shard whose value rose publishes and then reads its allowance, and a
 /// shard that lowers another's allowance stores it and then reads the other's published value
@@ -313,23 +313,23 @@ impl Peaks {
 
     /// Shard `i` ended a request above its allowance for the statistics in `over`.
     ///
-    /// The others' values (all of them) are read until a reading of their publication counts
-    /// after a fence finds none published since ([`Peaks::settle`]): each then held its values
-    /// from when they were read to that reading, so all of them did at the fence before it, and
-    /// every peak is raised to the total then. Every peak, at one instant: raising each statistic's at an instant of its
-    /// own let a shard's request count in one statistic's total and not yet in another's, and
-    /// an `all` peak came out above its pools' together (`arena_threads`, about one run in ten;
+    /// The others' values (all of them) are read until a reading of their publication counts after
+    /// a fence finds none finished since ([`Peaks::settle`]): each then held its values from when
+    /// they were read to that reading, so all of them did at the fence before it, and every peak is
+    /// raised to the total then. Every peak, at one instant: raising each statistic's at an instant
+    /// of its own let a shard's request count in one statistic's total and not yet in another's,
+    /// and an `all` peak came out above its pools' together (`arena_threads`, about one run in ten;
     /// `peaks_keep_the_bounds_between_statistics`). Where the others' slack is taken, one whose
-    /// value rose after it was read may have checked its old allowance (else it is over its new
-    /// one and waits for this lock): after the allowances are lowered, a fence and a reading
-    /// again, until none changed, each changed one keeping what it holds now. Past
-    /// [`SETTLE_ROUNDS`] readings each other shard gets the highest allowance it has had since
-    /// (what it may have checked) and the peak takes them all: a bound, never short (with one
-    /// buffer per slot, a thread descheduled mid-publication made this happen 12 to 20 times in
-    /// 2 s of the C ABI's 4 threads; with two, none). What the peak then leaves free is shared
-    /// among the shards that serve, so that they do not come back here in turn with each rise
-    /// (with 4 threads, 24,492 times where it was 71,160 in one run of the pairs benchmark).
-    /// `peaks_model.rs` checks this protocol, one statistic at a time, over every interleaving.
+    /// value rose after it was read may have checked its old allowance (else it is over its new one
+    /// and waits for this lock): after the allowances are lowered, a fence and a reading again,
+    /// until none changed, each changed one keeping what it holds now. Past [`SETTLE_ROUNDS`]
+    /// readings each other shard gets the highest allowance it has had since (what it may have
+    /// checked) and the peak takes them all: a bound, never short (with one buffer per slot, a
+    /// thread descheduled mid-publication made this happen 12 to 20 times in 2 s of the C ABI's 4
+    /// threads; with two, none). What the peak then leaves free is shared among the shards that
+    /// serve, so that they do not come back here in turn with each rise (with 4 threads, 24,492
+    /// times where it was 71,160 in one run of the pairs benchmark). `peaks_model.rs` checks this
+    /// protocol, one statistic at a time, over every interleaving.
     #[cold]
     fn over(&self, i: usize, over: u32, end: &[i64; STATS]) {
         let mut board = self.board.lock();
@@ -409,13 +409,13 @@ impl Peaks {
         }
     }
 
-    /// Read the others' (not `i`'s) publication counts after a fence, and the values of each
-    /// that published since `seen` (whole, between two equal readings of its count), until a
-    /// reading finds none published since: each then held the values in `seen` from when they
-    /// were read to this reading, so all of them did at the fence before it. Each newly read
-    /// one goes to `seen` and to `changed`. Says whether a reading found none published within
-    /// [`SETTLE_ROUNDS`]. Counts, not values: a shard whose value rose and fell back between two
-    /// readings (a malloc and its free) shows the same value but did not hold it in between,
+    /// Read the others' (not `i`'s) publication counts after a fence, and the last publication of
+    /// each that finished one since `seen` (whole: [`Slot::read`]), until a reading finds none
+    /// finished since: each then held the values in `seen` from when they were read to this reading
+    /// (one under way has not ended its request), so all of them did at the fence before it. Each
+    /// newly read one goes to `seen` and to `changed`. Says whether a reading found none finished
+    /// within [`SETTLE_ROUNDS`]. Counts, not values: a shard whose value rose and fell back between
+    /// two readings (a malloc and its free) shows the same value but did not hold it in between,
     /// and a reading of the counts alone is short, so a quiet moment is easier to find.
     fn settle(
         &self,
