@@ -294,9 +294,9 @@ pub unsafe fn fork_release(rec: Option<&Recorder>, child: bool) {
 /// whose buffer fills merges every buffer into the file in the numbers' order, holding back
 /// lines behind a number not buffered yet. Memory is bounded: a buffer is merged once it holds
 /// 4,096 lines, at most 65,536 are held back behind a gap, and the file's buffer of 256 KiB is
-/// written out when full, on [`flush`], when the recorder drops and at process exit. A write error (disk full) never reaches the
-/// allocation: it is logged once and recording stops. Times are microseconds since
-/// [`Recorder::create`], never decreasing in the file.
+/// written out when full, on [`flush`], when the recorder drops and at process exit. A write
+/// error (disk full) never reaches the allocation: it is logged once and recording stops.
+/// Times are microseconds since [`Recorder::create`], never decreasing in the file.
 ///
 /// [`flush`]: Recorder::flush
 pub struct Recorder {
@@ -386,7 +386,16 @@ impl Recorder {
         device: i32,
         site: u32,
     ) {
-        self.push(number, Op::Alloc, ptr, size, stream, device, site);
+        self.shared.push(Line {
+            number,
+            op: Op::Alloc,
+            ptr,
+            size,
+            stream,
+            device,
+            time_us: self.shared.now_us(),
+            site,
+        });
     }
 
     /// Records the free of the allocation at `ptr`, numbered now.
@@ -404,29 +413,15 @@ impl Recorder {
         stream: StreamId,
         device: i32,
     ) {
-        self.push(number, Op::Free, ptr, size, stream, device, 0);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &self,
-        number: u64,
-        op: Op,
-        ptr: DevPtr,
-        size: u64,
-        stream: StreamId,
-        device: i32,
-        site: u32,
-    ) {
         self.shared.push(Line {
             number,
-            op,
+            op: Op::Free,
             ptr,
             size,
             stream,
             device,
             time_us: self.shared.now_us(),
-            site,
+            site: 0,
         });
     }
 

@@ -282,16 +282,22 @@ fn multi_device_recording_keeps_the_busiest_device_and_renumbers_reused_pointers
     assert!(w[..4].iter().all(|e| e.id != seed.id));
 }
 
-#[test]
-fn recorder_through_torch_arena_reads_back_exactly() {
-    let p = tmp("plugin-{pid}.trace");
+/// A `TorchArena` on a simulated device of `capacity_mb` recording to the temporary file `name`
+/// (`{pid}` in it becomes the process id, as the plugin does), and the file's path.
+fn recording(name: &str, capacity_mb: u64) -> (TorchArena, PathBuf) {
     let conf = Config::parse(&format!(
-        "device:sim,sim_capacity_mb:1024,trace:{}",
-        p.display()
+        "device:sim,sim_capacity_mb:{capacity_mb},trace:{}",
+        tmp(name).display()
     ))
     .unwrap();
     let arena = TorchArena::try_new(conf).unwrap();
     let path = arena.recorder().unwrap().path();
+    (arena, path)
+}
+
+#[test]
+fn recorder_through_torch_arena_reads_back_exactly() {
+    let (arena, path) = recording("plugin-{pid}.trace", 1024);
     assert!(
         path.to_string_lossy()
             .contains(&std::process::id().to_string())
@@ -339,14 +345,7 @@ fn recorder_through_torch_arena_reads_back_exactly() {
 #[test]
 fn threads_record_at_once_in_the_arenas_order() {
     const THREADS: usize = 4;
-    let p = tmp("threads-{pid}.trace");
-    let conf = Config::parse(&format!(
-        "device:sim,sim_capacity_mb:4096,trace:{}",
-        p.display()
-    ))
-    .unwrap();
-    let arena = TorchArena::try_new(conf).unwrap();
-    let path = arena.recorder().unwrap().path();
+    let (arena, path) = recording("threads-{pid}.trace", 4096);
     // Blocks handed from each thread to the next, which frees them.
     let inboxes: Vec<std::sync::Mutex<Vec<(u64, usize, u64)>>> =
         (0..THREADS).map(|_| Default::default()).collect();
