@@ -32,7 +32,9 @@ impl Inner {
             in_use: (self.in_use_pages[Pool::Small as usize]
                 + self.in_use_pages[Pool::Large as usize])
                 .saturating_sub(self.lent_pages),
-            idle_mapped: self.idle_len + plain_idle,
+            // A piece mapped at several views is idle at all but at most one of them, and held
+            // once (views.rs).
+            idle_mapped: self.idle_len.saturating_sub(self.view_pages) + plain_idle,
             held: self.held_pages(),
             pooled: self.pooled_pages,
         }

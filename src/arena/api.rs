@@ -89,6 +89,11 @@ impl Inner {
             lend_ok: false,
             lend_refused: false,
             lent_pages: 0,
+            views_on: conf.views,
+            views: HashMap::new(),
+            viewing: HashMap::new(),
+            view_pages: 0,
+            view_target: false,
             shared_handles: IntMap::default(),
             shared_pages: 0,
             grown_pages: 0,
@@ -642,6 +647,12 @@ impl Arena {
     /// request at the limit needed them (`Inner::lend_idle`).
     pub fn lent_pages(&self) -> u64 {
         self.used().map(|i| self.on(i, |g| g.lent_pages)).sum()
+    }
+
+    /// Pages mapped now as views past their pieces' first: pieces moved at the limit and kept
+    /// mapped where they were too (`views.rs`).
+    pub fn view_pages(&self) -> u64 {
+        self.used().map(|i| self.on(i, |g| g.view_pages)).sum()
     }
 
     pub fn extras(&self) -> ArenaExtras {

@@ -205,6 +205,7 @@ impl Inner {
             ));
         }
         self.check_pieces()?;
+        self.check_views()?;
         let shared: u64 = self.shared_handles.values().map(|&k| k as u64).sum();
         if shared != self.shared_pages || shared * self.page > self.reserved() {
             return Err(format!(
@@ -240,8 +241,9 @@ impl Inner {
             .filter(|r| r.live && r.plain)
             .map(|r| r.len)
             .sum();
-        // Lent pages are mapped twice (`Inner::lend_idle`).
-        let held = (mapped + self.pooled_pages - self.lent_pages) * self.page + plain;
+        // Lent pages are mapped twice (`Inner::lend_idle`), a view's piece at each view (views.rs).
+        let held =
+            (mapped + self.pooled_pages - self.lent_pages - self.view_pages) * self.page + plain;
         if self.reserved() != held {
             return Err(format!(
                 "reserved_bytes {} but {} bytes of pages are held",
@@ -318,14 +320,24 @@ impl Inner {
     /// overlap and no gap, and not all of them are pooled (it would be whole again).
     fn check_pieces(&self) -> std::result::Result<(), String> {
         let mut pieces: std::collections::HashMap<u64, Vec<(u32, u32, bool)>> = Default::default();
-        for r in self.regions.iter().filter(|r| r.live && !r.plain) {
+        for (ri, r) in self
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.live && !r.plain)
+        {
             let mut p = 0;
             while p < r.pages.len() {
                 let head = &r.pages[p];
                 let va = r.base + p as u64 * self.page;
                 match head.phys {
-                    // A mapping of lent pages maps a piece mapped where it was lent from too.
-                    Some(_) if head.hlen > 0 && self.lends.contains_key(&va) => {
+                    // A mapping of lent pages maps a piece mapped where it was lent from too, and a
+                    // view past its piece's first one a piece mapped at that one.
+                    Some(_)
+                        if head.hlen > 0
+                            && (self.lends.contains_key(&va)
+                                || self.is_extra_view(PageRef::at(ri as u32, p))) =>
+                    {
                         p += head.hlen as usize;
                     }
                     Some(h) if head.hlen > 0 => {

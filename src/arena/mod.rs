@@ -82,6 +82,7 @@ mod size_index;
 mod slab;
 mod small;
 mod streams;
+mod views;
 
 pub use crate::block::{Block, PoolId};
 pub use crate::stats::report::*;
@@ -105,7 +106,7 @@ use crate::ptr_table::{PtrTable, Vacant};
 use crate::stats::{DeviceStats, Pool};
 use heap::{Fit, Heap};
 use int_map::IntMap;
-use page_table::{Lend, PageRef, PageSlot, Region, Run, Split};
+use page_table::{Lend, PageRef, PageSlot, PieceKey, Region, Run, Split};
 pub use shared::last_number;
 use shared::{SHARDS, Shared};
 use slab::Slab;
@@ -400,6 +401,17 @@ struct Inner {
     lend_refused: bool,
     /// Pages lent (mapped twice): counted in use where they were lent from and where they are.
     lent_pages: u64,
+    /// `views:True`: at the limit, a moved idle mapping stays mapped where it was too (`views.rs`).
+    views_on: bool,
+    /// Pieces mapped at two or more places (views.rs): each piece's views, by their heads.
+    views: HashMap<PieceKey, Vec<PageRef>>,
+    /// Views acquired for a run and not yet mapped: by handle and offset, the view each copies.
+    viewing: HashMap<(u64, u32), PageRef>,
+    /// Pages mapped as views beyond each piece's first: what the page tables count twice.
+    view_pages: u64,
+    /// The run being backed is in a large-pool region of a stream that is not a private pool's,
+    /// where a view may go (`Inner::back_run`, read by `Inner::view_idle`).
+    view_target: bool,
     /// Handles created with spare pages (growth steps, `Inner::back_run`), mapped or pooled, by
     /// their length in pages; and their pages in all, at most 1/[`SPARE_LIMIT_SHARE`] of the limit.
     shared_handles: IntMap<u64, u32>,

@@ -114,6 +114,15 @@ impl Split {
     }
 }
 
+/// A physical piece as its mappings name it: the handle, its first page in it and its pages
+/// (`views.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PieceKey {
+    pub(super) h: u64,
+    pub(super) base: u16,
+    pub(super) len: u16,
+}
+
 /// A page of a region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct PageRef {
@@ -126,6 +135,14 @@ impl PageRef {
         region: u32::MAX,
         page: u32::MAX,
     };
+
+    /// Page `page` of region `region`.
+    pub(super) fn at(region: u32, page: usize) -> PageRef {
+        PageRef {
+            region,
+            page: page as u32,
+        }
+    }
 }
 
 impl PageSlot {

@@ -111,6 +111,11 @@ impl Inner {
         len: u64,
         anywhere: bool,
     ) -> std::result::Result<(), Miss> {
+        // A view whose piece is in use elsewhere cannot serve here (views.rs).
+        if !self.views.is_empty() {
+            let (first, last) = self.pages_of(region, addr, len);
+            self.clear_blocked_views(region, first, last)?;
+        }
         if self.count_range(region, addr, len, true) {
             return Ok(()); // every page mapped already: the usual case, a freed block reused
         }
@@ -366,7 +371,10 @@ impl Inner {
             last_apart: large && apart.last == Some(start + len - 1),
             whole: pool == Pool::Small,
         };
-        let handles = self.acquire(len, per_handle, anywhere, owner, extra)?;
+        self.view_target = pool == Pool::Large && !private;
+        let handles = self.acquire(len, per_handle, anywhere, owner, extra);
+        self.view_target = false;
+        let handles = handles?;
         let (mapped, result) = self.map_runs(region, start, &handles);
         let end = start + len;
         // Every page of the run has a user already (its block or slab was counted first); the
@@ -428,6 +436,7 @@ impl Inner {
             if let Some(lend) = self.lending.remove(&(run.h.0, run.off)) {
                 self.lends.insert(base + at as u64 * self.page, lend);
             }
+            self.view_mapped(*run, PageRef { region, page: at });
             let pages = &mut self.regions[region as usize].pages;
             for i in 0..run.k {
                 let slot = &mut pages[(at + i) as usize];
@@ -461,8 +470,9 @@ impl Inner {
     /// past the `n` (growth in steps, sized and budgeted by `back_run`: see [`Extra`]), mapped
     /// as a piece of its own. Pooled pieces that fit come first (largest first); then a larger
     /// pooled one, cut (no driver call: the rest stays pooled); then, with stitching or when
-    /// `anywhere`, idle mappings proven safe, unmapped into the pool; then new handles within
-    /// the limit. On failure every piece taken goes back to the pool.
+    /// `anywhere`, idle mappings proven safe: a small one mapped here as well (a view, `views.rs`),
+    /// else one unmapped into the pool; then new handles within the limit; then, when `anywhere`,
+    /// lent pages. On failure every piece taken goes back (to the pool, or where it is mapped).
     pub(super) fn acquire(
         &mut self,
         n: u32,
@@ -505,6 +515,16 @@ impl Inner {
                 continue;
             }
             if !grow && (self.stitch || anywhere) {
+                // A small idle mapping is mapped here as well rather than moved (views.rs).
+                match self.view_idle(want, anywhere, own) {
+                    Ok(Some(run)) => {
+                        got.push(run);
+                        have += run.k;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(self.give_back(got, e.into())),
+                }
                 match self.reclaim_idle_handle(want, anywhere, own) {
                     Ok(true) => continue,
                     Ok(false) => {}
@@ -572,9 +592,12 @@ impl Inner {
         why
     }
 
-    /// An acquired piece not mapped after all: a lent one goes back to where it was lent from,
-    /// any other to the pool.
+    /// An acquired piece not mapped after all: a lent one goes back to where it was lent from, a
+    /// view stays where it is mapped, any other goes to the pool.
     fn put_back(&mut self, run: Run) {
+        if self.view_not_made(run) {
+            return;
+        }
         match self.lending.remove(&(run.h.0, run.off)) {
             Some(lend) => self.unlend(lend),
             None => self.pool_put(run, Instant::now()),
@@ -604,7 +627,12 @@ impl Inner {
                 if !self.stream_done_with(s, slot.idle_stamp, block)? {
                     break;
                 }
-                if slot.hlen as u32 <= want || block {
+                // A piece taken as a view for this request stays mapped, and unmapping a view
+                // whose piece is in use elsewhere would free nothing (views.rs).
+                if (slot.hlen as u32 <= want || block)
+                    && !self.view_in_flight(at)
+                    && !self.view_blocked(at)
+                {
                     if let Some(run) = self.unmap_idle(at)? {
                         self.pool_put(run, Instant::now());
                     }
@@ -617,7 +645,8 @@ impl Inner {
     }
 
     /// Unmap an idle mapping (`at` is its head); it is returned, mapped nowhere, unless its
-    /// pages were lent (`lend_idle`): they go back to where they were lent from, and `None`.
+    /// pages were lent (`lend_idle`): they go back to where they were lent from, and `None`; or
+    /// unless it is a view whose piece stays mapped elsewhere (views.rs): `None`.
     pub(super) fn unmap_idle(
         &mut self,
         at: PageRef,
@@ -628,6 +657,7 @@ impl Inner {
         let slot = *self.slot(at);
         let k = slot.hlen as u32;
         let h = slot.phys.expect("an idle mapping is mapped");
+        let piece = self.piece_at(at);
         self.dev.unmap(va, k as u64 * self.page)?;
         self.idle_unlink(at);
         self.clear_handle(at.region, at.page, k);
@@ -636,6 +666,9 @@ impl Inner {
         }
         if let Some(lend) = self.lends.remove(&va) {
             self.unlend(lend);
+            return Ok(None);
+        }
+        if !self.views.is_empty() && self.view_unmapped(piece, at) {
             return Ok(None);
         }
         Ok(Some(Run {

@@ -72,7 +72,7 @@ pub(super) fn parse_uint(v: &str) -> Option<u64> {
 }
 
 /// The keys, in the order they are listed and printed. Keys are defined here and nowhere else.
-pub(super) const KEY_DEFS: [KeyDef; 22] = [
+pub(super) const KEY_DEFS: [KeyDef; 23] = [
     KeyDef {
         name: "device",
         help: "device implementation: cuda (the GPU, through the CUDA driver) or sim (a simulated \
@@ -177,6 +177,20 @@ pub(super) const KEY_DEFS: [KeyDef; 22] = [
             Some(())
         },
         show: |c| show_bool(c.stitch),
+    },
+    KeyDef {
+        name: "views",
+        help: "at the memory limit, keep an idle mapping of up to 64 pages that is moved where a \
+               request needs it mapped where it was as well (CUDA maps one physical piece at \
+               several addresses; one address is used at a time), so that a loop whose steps \
+               repeat exactly finds the pages in both places with no driver call; workloads whose \
+               steps differ may make more calls, True or False (default False)",
+        forms: "True or False",
+        set: |c, v| {
+            c.views = parse_bool(v)?;
+            Some(())
+        },
+        show: |c| show_bool(c.views),
     },
     KeyDef {
         name: "release_idle_ms",

@@ -73,6 +73,9 @@ pub struct Config {
     /// `stitch:True|False`: move idle mapped pages to where they are needed when creating new ones
     /// would pass the limit; with False, only on the out-of-memory path (default True).
     pub stitch: bool,
+    /// `views:True|False`: at the limit, a moved idle mapping of up to 64 pages stays mapped where
+    /// it was too, so that a step that repeats finds its pages in both places (default False).
+    pub views: bool,
     /// `release_idle_ms:N`: release cached pages idle longer than N ms to the driver; 0 = never.
     pub release_idle_ms: u64,
     /// `memory_fraction:F`: cap on reserved bytes as a fraction of device memory, in (0, 1].
@@ -135,6 +138,7 @@ impl Default for Config {
             page_size_mb: 2,
             handle_mb: 0,
             stitch: true,
+            views: false,
             release_idle_ms: 0,
             memory_fraction: 1.0,
             slab_max_kb: 64,

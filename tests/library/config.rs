@@ -30,7 +30,7 @@ fn fails_with(text: &str, parts: &[&str]) -> String {
     m
 }
 
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "device",
     "sim_capacity_mb",
     "sim_backing",
@@ -40,6 +40,7 @@ const KEYS: [&str; 22] = [
     "page_size_mb",
     "handle_mb",
     "stitch",
+    "views",
     "release_idle_ms",
     "memory_fraction",
     "slab_max_kb",
@@ -151,6 +152,8 @@ fn each_key_alone() {
     assert_eq!(parse("page_size_mb:1024").page_size_mb, 1024);
     assert!(!parse("stitch:False").stitch);
     assert!(parse("stitch:True").stitch);
+    assert!(!parse("views:False").views);
+    assert!(parse("views:True").views);
     assert_eq!(parse("release_idle_ms:0").release_idle_ms, 0);
     assert_eq!(parse("release_idle_ms:60000").release_idle_ms, 60000);
     assert_eq!(parse("memory_fraction:1").memory_fraction, 1.0);
@@ -366,9 +369,9 @@ fn unknown_key_suggests_and_lists_every_key() {
         m,
         "TORCH_ARENA_CONF: unknown key 'sim_capacty_mb' (did you mean 'sim_capacity_mb'?); accepted \
          keys: device, sim_capacity_mb, sim_backing, sim_granularity_kb, sim_vmm, sim_devices, \
-         page_size_mb, handle_mb, stitch, release_idle_ms, memory_fraction, slab_max_kb, trace, \
-         driver_costs, sites, sites_every, sites_min_kb, leaks, explain, leak_warmup, leak_age, \
-         cpu_tensors"
+         page_size_mb, handle_mb, stitch, views, release_idle_ms, memory_fraction, slab_max_kb, \
+         trace, driver_costs, sites, sites_every, sites_min_kb, leaks, explain, leak_warmup, \
+         leak_age, cpu_tensors"
     );
     fails_with(
         "Stitch:True",
@@ -396,7 +399,7 @@ fn cpu_tensors_needs_a_simulated_device_backed_by_host_memory() {
     assert_eq!(
         parse("device:sim,sim_backing:True,cpu_tensors:True").to_string(),
         "device:sim,sim_capacity_mb:81920,sim_backing:True,sim_granularity_kb:2048,sim_vmm:True,\
-         sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,views:False,release_idle_ms:0,memory_fraction:1,\
          slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,explain:False,leak_warmup:2,\
          leak_age:0,cpu_tensors:True"
     );
@@ -469,6 +472,7 @@ fn bad_values_name_key_value_and_forms() {
         ("page_size_mb", "two", "an integer from 1 to 1024"),
         ("page_size_mb", "1025", "an integer from 1 to 1024"),
         ("stitch", "on", "True or False"),
+        ("views", "1", "True or False"),
         ("release_idle_ms", "-1", "an integer >= 0"),
         ("release_idle_ms", "1.5", "an integer >= 0"),
         ("memory_fraction", "0", "a number in (0, 1]"),
@@ -568,7 +572,7 @@ fn display_prints_the_grammar() {
     assert_eq!(
         Config::default().to_string(),
         "device:cuda,sim_capacity_mb:81920,sim_backing:False,sim_granularity_kb:2048,sim_vmm:True,\
-         sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,release_idle_ms:0,memory_fraction:1,\
+         sim_devices:1,page_size_mb:2,handle_mb:0,stitch:True,views:False,release_idle_ms:0,memory_fraction:1,\
          slab_max_kb:64,sites:auto,sites_every:1,sites_min_kb:0,leaks:False,explain:False,leak_warmup:2,\
          leak_age:0,cpu_tensors:False"
     );
