@@ -270,6 +270,9 @@ impl Inner {
     /// than `limit`. One visit per mapped handle, so a range that is all mapped costs what its
     /// handles number.
     pub(super) fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
+        if !self.views.is_empty() {
+            return self.unmapped_or_blocked_pages(region, addr, len, limit);
+        }
         let r = &self.regions[region as usize];
         let first = self.page_of(addr - r.base) as usize;
         let last = self.page_of(addr + len - 1 - r.base) as usize;
@@ -278,13 +281,7 @@ impl Inner {
         while p <= last && missing < limit {
             let slot = &r.pages[p];
             if slot.phys.is_some() {
-                let head = p - slot.hoff as usize;
-                let span = (r.pages[head].hlen - slot.hoff) as usize;
-                // A view whose piece is in use elsewhere is as good as unmapped (views.rs).
-                if !self.views.is_empty() && self.view_blocked(PageRef::at(region, head)) {
-                    missing += span.min(last + 1 - p) as u64;
-                }
-                p += span;
+                p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
             } else {
                 missing += 1;
                 p += 1;

@@ -113,8 +113,7 @@ impl Inner {
     ) -> std::result::Result<(), Miss> {
         // A view whose piece is in use elsewhere cannot serve here (views.rs).
         if !self.views.is_empty() {
-            let (first, last) = self.pages_of(region, addr, len);
-            self.clear_blocked_views(region, first, last)?;
+            self.clear_blocked_views(region, addr, len)?;
         }
         if self.count_range(region, addr, len, true) {
             return Ok(()); // every page mapped already: the usual case, a freed block reused

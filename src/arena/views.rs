@@ -66,16 +66,51 @@ impl Inner {
         views.iter().any(|&v| v != at && self.slot(v).busy > 0)
     }
 
-    /// Before pages `first..=last` of `region` are counted as used by a block: unmap each blocked
-    /// view among them, and every view of a piece after its first there (a piece serves one place
-    /// at a time). They are idle (only one view of a piece is in use), so unmapping them frees
-    /// nothing; the pages they covered are then backed as any missing page is.
+    /// `unmapped_pages` while views exist: a view whose piece is in use elsewhere is as good as
+    /// unmapped.
+    pub(super) fn unmapped_or_blocked_pages(
+        &self,
+        region: u32,
+        addr: u64,
+        len: u64,
+        limit: u64,
+    ) -> u64 {
+        let r = &self.regions[region as usize];
+        let first = self.page_of(addr - r.base) as usize;
+        let last = self.page_of(addr + len - 1 - r.base) as usize;
+        let mut missing = 0;
+        let mut p = first;
+        while p <= last && missing < limit {
+            let slot = &r.pages[p];
+            if slot.phys.is_some() {
+                let head = p - slot.hoff as usize;
+                let span = (r.pages[head].hlen - slot.hoff) as usize;
+                if self.view_blocked(PageRef::at(region, head)) {
+                    missing += span.min(last + 1 - p) as u64;
+                }
+                p += span;
+            } else {
+                missing += 1;
+                p += 1;
+            }
+        }
+        missing
+    }
+
+    /// Before `[addr, addr + len)` of `region` is counted as used by a block: unmap each blocked
+    /// view on its pages, and every view of a piece after its first there (a piece serves one
+    /// place at a time). They are idle (only one view of a piece is in use), so unmapping them
+    /// frees nothing; the pages they covered are then backed as any missing page is. Out of line
+    /// and cold: the malloc path pays only for asking whether any view exists.
+    #[cold]
+    #[inline(never)]
     pub(super) fn clear_blocked_views(
         &mut self,
         region: u32,
-        first: u32,
-        last: u32,
+        addr: u64,
+        len: u64,
     ) -> std::result::Result<(), Miss> {
+        let (first, last) = self.pages_of(region, addr, len);
         let mut seen: Vec<PieceKey> = Vec::new();
         let mut p = first;
         while p <= last {
