@@ -93,7 +93,6 @@ impl Inner {
             views: HashMap::new(),
             viewing: HashMap::new(),
             view_pages: 0,
-            view_target: false,
             shared_handles: IntMap::default(),
             shared_pages: 0,
             grown_pages: 0,

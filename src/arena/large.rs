@@ -270,18 +270,22 @@ impl Inner {
     /// than `limit`. One visit per mapped handle, so a range that is all mapped costs what its
     /// handles number.
     pub(super) fn unmapped_pages(&self, region: u32, addr: u64, len: u64, limit: u64) -> u64 {
-        if !self.views.is_empty() {
-            return self.unmapped_or_blocked_pages(region, addr, len, limit);
-        }
         let r = &self.regions[region as usize];
         let first = self.page_of(addr - r.base) as usize;
         let last = self.page_of(addr + len - 1 - r.base) as usize;
+        // Asked once: views exist only at the limit, with `views:True` (views.rs).
+        let views = !self.views.is_empty();
         let mut missing = 0;
         let mut p = first;
         while p <= last && missing < limit {
             let slot = &r.pages[p];
             if slot.phys.is_some() {
-                p += (r.pages[p - slot.hoff as usize].hlen - slot.hoff) as usize;
+                let head = p - slot.hoff as usize;
+                let span = (r.pages[head].hlen - slot.hoff) as usize;
+                if views && self.view_blocked(PageRef::at(region, head)) {
+                    missing += span.min(last + 1 - p) as u64;
+                }
+                p += span;
             } else {
                 missing += 1;
                 p += 1;

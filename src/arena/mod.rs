@@ -307,6 +307,9 @@ struct Extra {
     /// Whole handles only (the small pool: its reserved bytes and segments move between the
     /// pools a handle at a time, `Inner::move_reserved`, so it maps no piece of one).
     whole: bool,
+    /// Where an idle mapping would be moved, it may be mapped here as well (a view): a large-pool
+    /// region of a stream that is not a private pool's, with `views:True` (views.rs).
+    view: bool,
 }
 
 /// A large block's boundary pages that another block may come to share (it starts or ends
@@ -409,9 +412,6 @@ struct Inner {
     viewing: HashMap<(u64, u32), PageRef>,
     /// Pages mapped as views beyond each piece's first: what the page tables count twice.
     view_pages: u64,
-    /// The run being backed is in a large-pool region of a stream that is not a private pool's,
-    /// where a view may go (`Inner::back_run`, read by `Inner::view_idle`).
-    view_target: bool,
     /// Handles created with spare pages (growth steps, `Inner::back_run`), mapped or pooled, by
     /// their length in pages; and their pages in all, at most 1/[`SPARE_LIMIT_SHARE`] of the limit.
     shared_handles: IntMap<u64, u32>,

@@ -369,11 +369,9 @@ impl Inner {
             first_apart: large && apart.first == Some(start),
             last_apart: large && apart.last == Some(start + len - 1),
             whole: pool == Pool::Small,
+            view: self.views_on && pool == Pool::Large && !private,
         };
-        self.view_target = pool == Pool::Large && !private;
-        let handles = self.acquire(len, per_handle, anywhere, owner, extra);
-        self.view_target = false;
-        let handles = handles?;
+        let handles = self.acquire(len, per_handle, anywhere, owner, extra)?;
         let (mapped, result) = self.map_runs(region, start, &handles);
         let end = start + len;
         // Every page of the run has a user already (its block or slab was counted first); the
@@ -487,6 +485,7 @@ impl Inner {
             first_apart,
             last_apart,
             whole,
+            view,
         } = extra;
         // While the limit leaves room for the whole request, a miss creates: an idle page moved
         // away is missed where it was, in every later step that repeats this one, and moving it
@@ -515,14 +514,16 @@ impl Inner {
             }
             if !grow && (self.stitch || anywhere) {
                 // A small idle mapping is mapped here as well rather than moved (views.rs).
-                match self.view_idle(want, anywhere, own) {
-                    Ok(Some(run)) => {
-                        got.push(run);
-                        have += run.k;
-                        continue;
+                if view {
+                    match self.view_idle(want, anywhere, own) {
+                        Ok(Some(run)) => {
+                            got.push(run);
+                            have += run.k;
+                            continue;
+                        }
+                        Ok(None) => {}
+                        Err(e) => return Err(self.give_back(got, e.into())),
                     }
-                    Ok(None) => {}
-                    Err(e) => return Err(self.give_back(got, e.into())),
                 }
                 match self.reclaim_idle_handle(want, anywhere, own) {
                     Ok(true) => continue,

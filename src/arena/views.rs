@@ -20,8 +20,8 @@
 //! per piece, and only where the mapping would otherwise have been moved (`Inner::acquire`,
 //! stitching or the out-of-memory ladder): a device with room never makes one.
 //!
-//! Off by default (`views:False`). On the shared traces at each one's smallest device views halve
-//! the fifth step's memory calls with the same bytes, but an idle view also shows placement
+//! Off by default (`views:False`). On the shared traces at each one's smallest device views cut
+//! the fifth step's memory calls by two fifths with the same bytes, but an idle view also shows placement
 //! mapped pages that the device does not hold twice: on the demo trace at its five-step minimum
 //! the fifth step goes from no memory call to 44, and `synth:two-stream-train`'s from 54 to 67
 //! (BENCHMARKS.md, "Views").
@@ -66,37 +66,6 @@ impl Inner {
         views.iter().any(|&v| v != at && self.slot(v).busy > 0)
     }
 
-    /// `unmapped_pages` while views exist: a view whose piece is in use elsewhere is as good as
-    /// unmapped.
-    pub(super) fn unmapped_or_blocked_pages(
-        &self,
-        region: u32,
-        addr: u64,
-        len: u64,
-        limit: u64,
-    ) -> u64 {
-        let r = &self.regions[region as usize];
-        let first = self.page_of(addr - r.base) as usize;
-        let last = self.page_of(addr + len - 1 - r.base) as usize;
-        let mut missing = 0;
-        let mut p = first;
-        while p <= last && missing < limit {
-            let slot = &r.pages[p];
-            if slot.phys.is_some() {
-                let head = p - slot.hoff as usize;
-                let span = (r.pages[head].hlen - slot.hoff) as usize;
-                if self.view_blocked(PageRef::at(region, head)) {
-                    missing += span.min(last + 1 - p) as u64;
-                }
-                p += span;
-            } else {
-                missing += 1;
-                p += 1;
-            }
-        }
-        missing
-    }
-
     /// Before `[addr, addr + len)` of `region` is counted as used by a block: unmap each blocked
     /// view on its pages, and every view of a piece after its first there (a piece serves one
     /// place at a time). They are idle (only one view of a piece is in use), so unmapping them
@@ -136,20 +105,18 @@ impl Inner {
         Ok(())
     }
 
-    /// A piece to map where stream `own`'s request goes, leaving it mapped where it is: the
-    /// oldest idle mapping of that stream of at most `want` (and [`VIEW_PIECE_PAGES`]) pages in a
-    /// large-pool region, not blocked, not borrowing lent pages, with fewer than
-    /// [`VIEWS_PER_PIECE`] views, and which the stream is done with (with `block`, waiting for
-    /// it, as the out-of-memory ladder does). `None`: the caller moves one as before.
+    /// A piece to map where stream `own`'s request goes (a run `Extra::view` allows), leaving it
+    /// mapped where it is: the oldest idle mapping of that stream of at most `want` (and
+    /// [`VIEW_PIECE_PAGES`]) pages in a large-pool region, not blocked, not borrowing lent pages,
+    /// not taken already, with fewer than [`VIEWS_PER_PIECE`] views, and which the stream is done
+    /// with (with `block`, waiting for it, as the out-of-memory ladder does). `None`: the caller
+    /// moves one as before.
     pub(super) fn view_idle(
         &mut self,
         want: u32,
         block: bool,
         own: u32,
     ) -> std::result::Result<Option<Run>, DeviceError> {
-        if !self.views_on || !self.view_target {
-            return Ok(None);
-        }
         let mut at = self.streams[own as usize].idle_head;
         let mut looked = 0;
         while at != PageRef::NONE && looked < IDLE_SCAN {
@@ -164,10 +131,7 @@ impl Inner {
             }
             let piece = self.piece_at(at);
             let views = self.views.get(&piece).map_or(1, |v| v.len());
-            if views >= VIEWS_PER_PIECE
-                || self.view_blocked(at)
-                || self.viewing.contains_key(&(piece.h, piece.base as u32))
-            {
+            if views >= VIEWS_PER_PIECE || self.view_blocked(at) || self.view_in_flight(at) {
                 at = slot.idle_next;
                 continue;
             }
