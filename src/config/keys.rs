@@ -182,9 +182,9 @@ pub(super) const KEY_DEFS: [KeyDef; 23] = [
         name: "views",
         help: "at the memory limit, keep an idle mapping of up to 64 pages that is moved where a \
                request needs it mapped where it was as well (CUDA maps one physical piece at \
-               several addresses; one address is used at a time), so that a loop whose steps \
-               repeat exactly finds the pages in both places with no driver call; workloads whose \
-               steps differ may make more calls, True or False (default False)",
+               several addresses; one address is used at a time), so that a step that repeats \
+               may find the pages in both places with no driver call; some workloads make more \
+               calls with it, True or False (default False)",
         forms: "True or False",
         set: |c, v| {
             c.views = parse_bool(v)?;
